@@ -1,0 +1,234 @@
+// Package decoder turns pgoutput (logical replication protocol v2) messages
+// into walcast change envelopes, grouped into committed transactions in commit
+// order. It owns the relation and type cache, transaction assembly (including
+// streamed in-progress transactions, spilled to disk past a memory budget),
+// value decoding and the JSON encoding of envelopes.
+//
+// It is pure: it imports no other walcast package and no network code. It is
+// fed raw XLogData payloads by the replication loop and its output is consumed
+// by the journal.
+package decoder
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// LSN is a PostgreSQL WAL position.
+type LSN uint64
+
+// String formats the LSN as PostgreSQL does: upper/lower 32 bits in hex.
+func (l LSN) String() string {
+	return strconv.FormatUint(uint64(l>>32), 16) + "/" + strconv.FormatUint(uint64(uint32(l)), 16)
+}
+
+// MarshalText implements encoding.TextMarshaler (JSON as "0/1A2B3C8").
+func (l LSN) MarshalText() ([]byte, error) { return []byte(strings.ToUpper(l.String())), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (l *LSN) UnmarshalText(b []byte) error {
+	v, err := ParseLSN(string(b))
+	*l = v
+	return err
+}
+
+// ParseLSN parses "X/X" as printed by PostgreSQL.
+func ParseLSN(s string) (LSN, error) {
+	hi, lo, ok := strings.Cut(s, "/")
+	if !ok {
+		return 0, fmt.Errorf("decoder: invalid LSN %q: want X/X", s)
+	}
+	h, err1 := strconv.ParseUint(hi, 16, 32)
+	l, err2 := strconv.ParseUint(lo, 16, 32)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("decoder: invalid LSN %q: want X/X in hex", s)
+	}
+	return LSN(h<<32 | l), nil
+}
+
+// Op is an envelope's operation.
+type Op string
+
+// The operations of DESIGN §3.
+const (
+	OpInsert   Op = "insert"
+	OpUpdate   Op = "update"
+	OpDelete   Op = "delete"
+	OpTruncate Op = "truncate"
+	OpMessage  Op = "message"
+	OpResync   Op = "resync"
+)
+
+// TenantState says how a change's tenant is known.
+type TenantState uint8
+
+const (
+	// TenantNone: the entity has no tenant column (or none is configured), or
+	// the row's tenant value is NULL. The change belongs to no tenant.
+	TenantNone TenantState = iota
+	// TenantKnown: Tenant holds the row's tenant value.
+	TenantKnown
+	// TenantUnresolved: the entity has a tenant column but Postgres did not
+	// send it (a key-only DELETE under REPLICA IDENTITY DEFAULT). The journal
+	// resolves it from the newest journaled change of the same key.
+	TenantUnresolved
+)
+
+// Change is one decoded row change (or truncate, or logical message).
+//
+// Body is the complete envelope JSON object except for "seq" and "entitySeq",
+// which the journal assigns, and "tenant" when TenantState is
+// TenantUnresolved. It always starts with `{"lsn":` and ends with `}`, so the
+// journal can prepend the sequence fields and append a resolved tenant without
+// re-encoding.
+type Change struct {
+	LSN         LSN
+	Entity      string // "schema.table", names unquoted, as in the envelope
+	Op          Op
+	Key         []byte // canonical JSON object of the key columns; nil when there is none
+	Tenant      string
+	TenantState TenantState
+	Body        []byte
+}
+
+// Envelope is the decoded form of an envelope (DESIGN §3), for readers and
+// tests. The hot path never builds one; it writes Change.Body directly.
+type Envelope struct {
+	Seq        int64                      `json:"seq,omitempty"`
+	EntitySeq  int64                      `json:"entitySeq,omitempty"`
+	LSN        LSN                        `json:"lsn"`
+	CommitLSN  LSN                        `json:"commitLsn"`
+	Xid        uint32                     `json:"xid"`
+	CommitTime time.Time                  `json:"commitTime"`
+	Entity     string                     `json:"entity,omitempty"`
+	Op         Op                         `json:"op"`
+	Key        map[string]json.RawMessage `json:"key,omitempty"`
+	Before     map[string]json.RawMessage `json:"before,omitempty"`
+	After      map[string]json.RawMessage `json:"after,omitempty"`
+	Unchanged  []string                   `json:"unchanged,omitempty"`
+	Truncate   *TruncateInfo              `json:"truncate,omitempty"`
+	// Logical decoding messages (op "message").
+	Prefix        string          `json:"prefix,omitempty"`
+	Content       json.RawMessage `json:"content,omitempty"`
+	Transactional *bool           `json:"transactional,omitempty"`
+	Tenant        string          `json:"tenant,omitempty"`
+	TenantUnknown bool            `json:"tenantUnknown,omitempty"`
+	Oversize      bool            `json:"oversize,omitempty"`
+}
+
+// TruncateInfo carries the options of a TRUNCATE.
+type TruncateInfo struct {
+	Cascade         bool `json:"cascade"`
+	RestartIdentity bool `json:"restartIdentity"`
+}
+
+// Transaction is one committed source transaction and its changes in order.
+//
+// A large streamed transaction may hold its changes in a spill file rather
+// than in memory; read them with Changes and release the transaction with
+// Close once it has been journaled (or discarded).
+type Transaction struct {
+	Xid        uint32
+	CommitLSN  LSN // LSN of the commit record
+	EndLSN     LSN // end of the commit record: the position acknowledged once journaled
+	CommitTime time.Time
+
+	n     int
+	mem   []Change
+	spill changeSource // nil when every change is in mem
+}
+
+// changeSource yields spilled changes; implemented by the decoder's spill file.
+type changeSource interface {
+	open() (changeReader, error)
+	close() error
+}
+
+type changeReader interface {
+	// next fills c (whose buffers it may reuse) and reports false at the end.
+	next(c *Change) (bool, error)
+	close() error
+}
+
+// NewTransaction builds an in-memory transaction, for tests and for entries
+// the journal writes itself (resync).
+func NewTransaction(xid uint32, commitLSN, endLSN LSN, commitTime time.Time, changes []Change) *Transaction {
+	return &Transaction{Xid: xid, CommitLSN: commitLSN, EndLSN: endLSN, CommitTime: commitTime, n: len(changes), mem: changes}
+}
+
+// Len is the number of changes in the transaction.
+func (tx *Transaction) Len() int { return tx.n }
+
+// Changes returns an iterator over the transaction's changes in order. It may
+// be called more than once; each iterator reads from the start.
+func (tx *Transaction) Changes() *ChangeIter {
+	return &ChangeIter{tx: tx, i: -1}
+}
+
+// Close releases the transaction's spill file, if any. It is idempotent.
+func (tx *Transaction) Close() error {
+	if tx.spill == nil {
+		return nil
+	}
+	err := tx.spill.close()
+	tx.spill = nil
+	return err
+}
+
+// ChangeIter iterates over a transaction's changes:
+//
+//	it := tx.Changes()
+//	for it.Next() { c := it.Change() ... }
+//	if err := it.Err(); err != nil { ... }
+//
+// The *Change returned by Change is valid only until the next call to Next;
+// copy what must be kept.
+type ChangeIter struct {
+	tx  *Transaction
+	i   int
+	r   changeReader
+	cur Change
+	err error
+}
+
+// Next advances to the next change and reports whether there is one.
+func (it *ChangeIter) Next() bool {
+	if it.err != nil {
+		return false
+	}
+	if it.tx.spill == nil {
+		it.i++
+		return it.i < len(it.tx.mem)
+	}
+	if it.r == nil {
+		it.r, it.err = it.tx.spill.open()
+		if it.err != nil {
+			return false
+		}
+	}
+	ok, err := it.r.next(&it.cur)
+	if err != nil || !ok {
+		it.err = err
+		if cerr := it.r.close(); it.err == nil {
+			it.err = cerr
+		}
+		it.r = nil
+		it.tx = &Transaction{} // exhausted: further Next calls report false
+		return false
+	}
+	return true
+}
+
+// Change is the current change.
+func (it *ChangeIter) Change() *Change {
+	if it.tx.spill == nil && it.i >= 0 && it.i < len(it.tx.mem) {
+		return &it.tx.mem[it.i]
+	}
+	return &it.cur
+}
+
+// Err is the error that stopped iteration, if any.
+func (it *ChangeIter) Err() error { return it.err }
