@@ -440,3 +440,33 @@ func TestIsLocalHost(t *testing.T) {
 		}
 	}
 }
+
+// TestDeploySetupSQL runs deploy/postgres/setup.sql through psql as the
+// README says and checks that verify then passes for the role it creates.
+func TestDeploySetupSQL(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	c := pgtest.Shared(t)
+	db := dbName(t, url)
+	role := "setup_" + strings.ReplaceAll(db, "_", "")[:16]
+	execSQL(t, url, `CREATE TABLE orders (id int PRIMARY KEY)`, `CREATE TABLE "Odd Name" (id int PRIMARY KEY)`)
+	t.Cleanup(func() {
+		execSQL(t, url, `DROP OWNED BY `+role+` CASCADE`)
+		execSQL(t, c.URL("postgres"), `DROP ROLE `+role)
+	})
+	psql := filepath.Join(c.BinDir(), "psql")
+	for i := 0; i < 2; i++ { // idempotent: a second run changes nothing and does not fail
+		out, err := exec.Command(psql, "-X", "-q", "-d", url, "-v", "role="+role, "-v", "password=pw",
+			"-v", "publication=walcast", "-v", `tables=public.orders, public."Odd Name"`,
+			"-f", "../deploy/postgres/setup.sql").CombinedOutput()
+		if err != nil {
+			t.Fatalf("setup.sql run %d: %v\n%s", i+1, err, out)
+		}
+	}
+	r := mustVerify(t, VerifyConfig{DatabaseURL: c.UserURL(db, role, "pw"), Publication: "walcast"})
+	if r.Failed() {
+		t.Fatalf("verify fails after setup.sql:\n%s", dump(r))
+	}
+	wantStatus(t, check(t, r, "replication_privilege", ""), StatusOK)
+	wantStatus(t, check(t, r, "select_privilege", `public.Odd Name`), StatusOK)
+	wantStatus(t, check(t, r, "journal_schema", ""), StatusOK)
+}

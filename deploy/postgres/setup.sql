@@ -1,0 +1,29 @@
+-- Prepare a PostgreSQL database for walcast. Run as a superuser (or the
+-- database owner on a managed service), in the database to stream from:
+--
+--   psql -v role=walcast -v password='change-me' -v publication=walcast \
+--        -v tables='public.orders, public.customers' -d app -f setup.sql
+--
+-- Then check the result with:
+--   walcast verify --database-url postgres://walcast:change-me@host/app --publication walcast
+--
+-- wal_level must be logical (ALTER SYSTEM SET wal_level = logical; then
+-- restart PostgreSQL); this script does not restart anything.
+
+\set ON_ERROR_STOP on
+
+-- The role walcast connects as: it may open replication connections and read
+-- the published tables, nothing more.
+SELECT format('CREATE ROLE %I LOGIN REPLICATION PASSWORD %L', :'role', :'password')
+WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :'role') \gexec
+SELECT format('ALTER ROLE %I WITH LOGIN REPLICATION', :'role') \gexec
+
+-- The journal lives in its own schema, owned by the walcast role.
+SELECT format('CREATE SCHEMA IF NOT EXISTS walcast AUTHORIZATION %I', :'role') \gexec
+
+-- The publication: list the tables to stream. Never publish the walcast schema.
+SELECT format('CREATE PUBLICATION %I FOR TABLE %s', :'publication', :'tables')
+WHERE NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = :'publication') \gexec
+
+-- SELECT on every published table.
+SELECT format('GRANT SELECT ON %s TO %I', :'tables', :'role') \gexec
