@@ -174,9 +174,16 @@ func (tx *Transaction) Close() error {
 		return nil
 	}
 	err := tx.spill.close()
-	tx.spill = nil
+	tx.spill = closedSource{}
 	return err
 }
+
+// closedSource stands in for a spill file after Close, so that iterating a
+// closed transaction fails instead of yielding nothing.
+type closedSource struct{}
+
+func (closedSource) open() (changeReader, error) { return nil, errClosed }
+func (closedSource) close() error                { return nil }
 
 // ChangeIter iterates over a transaction's changes:
 //

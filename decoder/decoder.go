@@ -1,0 +1,705 @@
+package decoder
+
+import (
+	"os"
+	"time"
+)
+
+// Config configures a Decoder. The zero value is usable; New fills defaults.
+type Config struct {
+	// JournalSchema is the schema of walcast's own journal; changes to its
+	// tables are dropped (DESIGN §4.10). Default "walcast".
+	JournalSchema string
+	// MessagePrefix selects logical decoding messages: only those whose
+	// prefix starts with it become envelopes (DESIGN §4.11). Default
+	// "walcast.".
+	MessagePrefix string
+	// TenantColumn, when set, names the column hoisted into "tenant".
+	TenantColumn string
+	// MemoryBudget bounds, in bytes, the encoded changes of all in-progress
+	// transactions held in memory; past it the largest is moved to a spill
+	// file. Default 64 MiB.
+	MemoryBudget int64
+	// SpillDir is where spill files are created. Default os.TempDir().
+	SpillDir string
+	// Now stamps the commitTime of non-transactional logical messages, which
+	// belong to no commit. Default time.Now.
+	Now func() time.Time
+}
+
+const defaultMemoryBudget = 64 << 20
+
+// Decoder turns pgoutput (protocol version 2, streaming and messages on)
+// payloads into committed transactions. It is not safe for concurrent use:
+// the replication loop owns it.
+type Decoder struct {
+	cfg Config
+
+	rels  map[uint32]*relation
+	types map[uint32]typeInfo
+
+	cur       *txState            // ordinary transaction between Begin and Commit
+	streams   map[uint32]*txState // streamed transactions by top-level xid
+	inStream  bool                // between StreamStart and StreamStop
+	streamTx  *txState            // the transaction of the open stream block
+	mem       int64               // bytes of in-memory changes across open transactions
+	committed []*Transaction
+
+	// Reused per message.
+	tup, old []tval
+	unch     []int
+	scratch  []byte
+	free     []*txState
+
+	stats Stats
+}
+
+// Stats are counters for metrics and tests.
+type Stats struct {
+	Changes      uint64 // changes appended to transactions (including later aborted ones)
+	Committed    uint64 // transactions committed
+	Aborted      uint64 // streamed transactions aborted
+	Spilled      uint64 // transactions moved to a spill file
+	BufferedHigh int64  // high-water mark of in-memory change bytes
+}
+
+// New returns a Decoder with cfg's defaults filled in.
+func New(cfg Config) *Decoder {
+	if cfg.JournalSchema == "" {
+		cfg.JournalSchema = "walcast"
+	}
+	if cfg.MessagePrefix == "" {
+		cfg.MessagePrefix = "walcast."
+	}
+	if cfg.MemoryBudget <= 0 {
+		cfg.MemoryBudget = defaultMemoryBudget
+	}
+	if cfg.SpillDir == "" {
+		cfg.SpillDir = os.TempDir()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Decoder{
+		cfg:     cfg,
+		rels:    make(map[uint32]*relation),
+		types:   make(map[uint32]typeInfo),
+		streams: make(map[uint32]*txState),
+	}
+}
+
+// Stats returns the decoder's counters.
+func (d *Decoder) Stats() Stats { return d.stats }
+
+// Decode consumes one XLogData payload. walStart is the XLogData's WAL start
+// position, which for a change is the change's LSN. data is only borrowed for
+// the call: nothing refers to it afterwards, so the caller may reuse it.
+//
+// Transactions completed by the payload are queued for Committed. A
+// malformed payload returns a *ProtocolError and leaves the decoder in an
+// unspecified state: drop the connection and Reset. Other errors come from
+// the spill file. Unknown message types are skipped.
+func (d *Decoder) Decode(walStart LSN, data []byte) error {
+	if len(data) == 0 {
+		return &ProtocolError{WAL: walStart, Err: ErrTruncated, Detail: "empty payload"}
+	}
+	w := wire{b: data, off: 1}
+	var err error
+	switch data[0] {
+	case 'B':
+		d.begin(&w)
+	case 'C':
+		d.commit(&w)
+	case 'O':
+		w.u64()     // origin commit LSN
+		w.cstring() // origin name
+	case 'R':
+		d.relationMsg(&w)
+	case 'Y':
+		d.typeMsg(&w)
+	case 'I', 'U', 'D':
+		err = d.change(&w, data[0], walStart)
+	case 'T':
+		err = d.truncate(&w, walStart)
+	case 'M':
+		err = d.message(&w, walStart)
+	case 'S':
+		d.streamStart(&w)
+	case 'E':
+		if !d.inStream {
+			w.fail(ErrSequence, "stream stop outside a stream")
+		}
+		d.inStream, d.streamTx = false, nil
+	case 'c':
+		err = d.streamCommit(&w)
+	case 'A':
+		d.streamAbort(&w)
+	default:
+		// Unknown message types (newer protocol versions) are skipped.
+	}
+	if !w.ok() {
+		return &ProtocolError{Type: data[0], WAL: walStart, Offset: w.failAt, Err: w.cause, Detail: w.detail}
+	}
+	return err
+}
+
+// Committed appends the transactions committed since the last call to dst,
+// in commit order, and returns it. The caller owns them and must Close each
+// once it is journaled or discarded (spilled ones hold a file).
+func (d *Decoder) Committed(dst []*Transaction) []*Transaction {
+	dst = append(dst, d.committed...)
+	clear(d.committed)
+	d.committed = d.committed[:0]
+	return dst
+}
+
+// Idle reports whether the decoder holds nothing: no transaction in
+// progress (ordinary or streamed) and none committed but not yet taken. Only
+// then may the replication loop confirm a keepalive's position (DESIGN §4.4).
+func (d *Decoder) Idle() bool {
+	return d.cur == nil && len(d.streams) == 0 && len(d.committed) == 0
+}
+
+// Reset prepares for a new replication connection: it forgets every Relation
+// and Type message and discards every partial transaction, deleting their
+// spill files. Committed transactions not yet taken stay queued; they are
+// complete.
+func (d *Decoder) Reset() error {
+	clear(d.rels)
+	clear(d.types)
+	return d.discardPartial()
+}
+
+// Close discards all state, including committed transactions not yet taken,
+// and deletes every spill file the decoder still owns.
+func (d *Decoder) Close() error {
+	err := d.Reset()
+	for _, tx := range d.committed {
+		if cerr := tx.Close(); err == nil {
+			err = cerr
+		}
+	}
+	clear(d.committed)
+	d.committed = d.committed[:0]
+	return err
+}
+
+func (d *Decoder) discardPartial() error {
+	var err error
+	if d.cur != nil {
+		err = d.drop(d.cur)
+		d.cur = nil
+	}
+	for xid, tx := range d.streams {
+		if derr := d.drop(tx); err == nil {
+			err = derr
+		}
+		delete(d.streams, xid)
+	}
+	d.inStream, d.streamTx = false, nil
+	return err
+}
+
+func (d *Decoder) begin(w *wire) {
+	w.u64() // final LSN: the commit record's start; Commit repeats it
+	w.u64() // commit time; Commit repeats it
+	xid := w.u32()
+	if !w.ok() {
+		return
+	}
+	if d.cur != nil || d.inStream {
+		w.fail(ErrSequence, "begin inside a transaction")
+		return
+	}
+	d.cur = d.newTx(xid, false)
+}
+
+func (d *Decoder) commit(w *wire) {
+	w.u8() // flags, unused
+	commitLSN := LSN(w.u64())
+	endLSN := LSN(w.u64())
+	ts := int64(w.u64())
+	if !w.ok() {
+		return
+	}
+	if d.cur == nil {
+		w.fail(ErrSequence, "commit outside a transaction")
+		return
+	}
+	tx := d.cur
+	d.cur = nil
+	if err := d.finish(tx, commitLSN, endLSN, pgTime(ts)); err != nil {
+		w.fail(err, "")
+	}
+}
+
+func (d *Decoder) relationMsg(w *wire) {
+	if d.inStream {
+		w.u32() // xid
+	}
+	id := w.u32()
+	ns := w.cstring()
+	name := w.cstring()
+	w.u8() // replica identity setting; the per-column key flags say it all
+	n := int(w.u16())
+	if !w.ok() {
+		return
+	}
+	rel := newRelation(id, string(ns), string(name), &d.cfg)
+	for i := 0; i < n; i++ {
+		flags := w.u8()
+		cname := w.cstring()
+		oid := w.u32()
+		w.u32() // typmod
+		if !w.ok() {
+			return
+		}
+		rel.addColumn(string(cname), flags&1 != 0, d.resolveType(oid), &d.cfg)
+	}
+	d.rels[id] = rel
+}
+
+func (d *Decoder) typeMsg(w *wire) {
+	if d.inStream {
+		w.u32() // xid
+	}
+	oid := w.u32()
+	ns := w.cstring()
+	name := w.cstring()
+	if w.ok() {
+		d.types[oid] = typeInfo{ns: string(ns), name: string(name)}
+	}
+}
+
+// target returns the transaction a change belongs to and, inside a stream
+// block, the (sub)transaction xid the change carries.
+func (d *Decoder) target(w *wire) (*txState, uint32) {
+	if d.inStream {
+		sub := w.u32()
+		return d.streamTx, sub
+	}
+	if d.cur == nil {
+		w.fail(ErrSequence, "change outside a transaction")
+		return nil, 0
+	}
+	return d.cur, d.cur.xid
+}
+
+func (d *Decoder) relation(w *wire, id uint32) *relation {
+	rel := d.rels[id]
+	if rel == nil && w.ok() {
+		w.fail(ErrUnknownRelation, "relation OID "+utoa(id))
+	}
+	return rel
+}
+
+// tval is one column of a TupleData: kind 'n' null, 'u' unchanged TOAST,
+// 't' text, 'b' binary; v is borrowed from the payload.
+type tval struct {
+	kind byte
+	v    []byte
+}
+
+func (d *Decoder) readTuple(w *wire, rel *relation, dst []tval) []tval {
+	n := int(w.u16())
+	if !w.ok() {
+		return dst[:0]
+	}
+	if n != len(rel.cols) {
+		w.fail(ErrMalformed, "tuple has "+utoa(uint32(n))+" columns, relation "+rel.entity+" has "+utoa(uint32(len(rel.cols))))
+		return dst[:0]
+	}
+	dst = dst[:0]
+	for i := 0; i < n; i++ {
+		k := w.u8()
+		var v []byte
+		switch k {
+		case 'n', 'u':
+		case 't', 'b':
+			l := w.u32()
+			if l > 1<<30 {
+				w.fail(ErrMalformed, "column length out of range")
+				return dst[:0]
+			}
+			v = w.bytes(int(l))
+		default:
+			if w.ok() {
+				w.fail(ErrMalformed, "unknown column kind "+quoteByte(k))
+			}
+		}
+		if !w.ok() {
+			return dst[:0]
+		}
+		dst = append(dst, tval{kind: k, v: v})
+	}
+	return dst
+}
+
+// change decodes Insert, Update and Delete.
+func (d *Decoder) change(w *wire, typ byte, lsn LSN) error {
+	tx, sub := d.target(w)
+	relID := w.u32()
+	if !w.ok() {
+		return nil
+	}
+	rel := d.relation(w, relID)
+	if rel == nil {
+		return nil
+	}
+	var oldKind byte // 0, 'K' or 'O'
+	d.old = d.old[:0]
+	d.tup = d.tup[:0]
+	t := w.u8()
+	if typ != 'I' && (t == 'K' || t == 'O') {
+		oldKind = t
+		d.old = d.readTuple(w, rel, d.old)
+		if typ == 'U' {
+			t = w.u8()
+		}
+	}
+	switch typ {
+	case 'I', 'U':
+		if t != 'N' {
+			if w.ok() {
+				w.fail(ErrMalformed, "expected new tuple 'N', got "+quoteByte(t))
+			}
+			return nil
+		}
+		d.tup = d.readTuple(w, rel, d.tup)
+	case 'D':
+		if oldKind == 0 && w.ok() {
+			w.fail(ErrMalformed, "expected old tuple 'K' or 'O', got "+quoteByte(t))
+		}
+	}
+	if !w.ok() || rel.skip {
+		return nil
+	}
+
+	op := opInsert
+	switch typ {
+	case 'U':
+		op = opUpdate
+	case 'D':
+		op = opDelete
+	}
+	buf := tx.arena
+	start := len(buf)
+	buf = append(buf, rel.entityOp...)
+	buf = append(buf, opNames[op]...)
+	buf = append(buf, '"')
+	var old []tval
+	if oldKind != 0 {
+		old = d.old
+	}
+	var keyOff, keyLen int
+	if rel.hasKey {
+		buf = append(buf, `,"key":`...)
+		keyOff = len(buf) - start
+		if typ == 'D' {
+			buf = d.appendRow(buf, rel, old, nil, true, false)
+		} else {
+			buf = d.appendRow(buf, rel, d.tup, old, true, false)
+		}
+		keyLen = len(buf) - start - keyOff
+	}
+	if oldKind != 0 {
+		buf = append(buf, `,"before":`...)
+		buf = d.appendRow(buf, rel, old, nil, oldKind == 'K', false)
+	}
+	d.unch = d.unch[:0]
+	if typ != 'D' {
+		buf = append(buf, `,"after":`...)
+		buf = d.appendRow(buf, rel, d.tup, old, false, true)
+		if len(d.unch) > 0 {
+			buf = append(buf, `,"unchanged":[`...)
+			for i, c := range d.unch {
+				if i > 0 {
+					buf = append(buf, ',')
+				}
+				buf = appendString(buf, []byte(rel.cols[c].name))
+			}
+			buf = append(buf, ']')
+		}
+	}
+	tstate, tenant := TenantNone, ""
+	if rel.tenant >= 0 {
+		tstate, tenant, buf = d.appendTenant(buf, rel, typ, oldKind, old)
+	}
+	buf = append(buf, '}')
+	tx.arena = buf
+	return d.add(tx, rec{lsn: lsn, sub: sub, op: op, tstate: tstate, entity: rel.entity, tenant: tenant,
+		tailOff: uint32(start), tailLen: uint32(len(buf) - start), keyOff: uint32(keyOff), keyLen: uint32(keyLen)})
+}
+
+// appendRow appends a JSON object of tup's columns (only key columns when
+// onlyKey). An unchanged TOAST column takes its value from old when Postgres
+// sent it there (REPLICA IDENTITY FULL); otherwise it is left out, and listed
+// in d.unch when collect is set.
+func (d *Decoder) appendRow(buf []byte, rel *relation, tup, old []tval, onlyKey, collect bool) []byte {
+	buf = append(buf, '{')
+	first := true
+	for i := range tup {
+		c := &rel.cols[i]
+		if onlyKey && !c.key {
+			continue
+		}
+		tv := tup[i]
+		if tv.kind == 'u' && old != nil && (old[i].kind == 't' || old[i].kind == 'b') {
+			tv = old[i]
+		}
+		if tv.kind == 'u' {
+			if collect {
+				d.unch = append(d.unch, i)
+			}
+			continue
+		}
+		if !first {
+			buf = append(buf, ',')
+		}
+		first = false
+		buf = append(buf, c.jsonKey...)
+		switch tv.kind {
+		case 'n':
+			buf = append(buf, "null"...)
+		case 't':
+			buf = appendValue(buf, c.typ, tv.v, &d.scratch)
+		case 'b':
+			// Binary format is never requested; keep the bytes exactly.
+			buf = append(buf, '"')
+			buf = base64StdAppend(buf, tv.v)
+			buf = append(buf, '"')
+		}
+	}
+	return append(buf, '}')
+}
+
+// appendTenant works out the change's tenant and appends its field.
+func (d *Decoder) appendTenant(buf []byte, rel *relation, typ, oldKind byte, old []tval) (TenantState, string, []byte) {
+	i := rel.tenant
+	var tv tval
+	switch {
+	case typ == 'D':
+		if oldKind == 'K' && !rel.cols[i].key {
+			return TenantUnresolved, "", buf
+		}
+		tv = old[i]
+	default:
+		tv = d.tup[i]
+		if tv.kind == 'u' && old != nil {
+			tv = old[i]
+		}
+	}
+	switch tv.kind {
+	case 'n':
+		return TenantNone, "", buf
+	case 't', 'b':
+		buf = append(buf, `,"tenant":`...)
+		buf = appendString(buf, tv.v)
+		return TenantKnown, string(tv.v), buf
+	}
+	return TenantUnresolved, "", buf
+}
+
+func (d *Decoder) truncate(w *wire, lsn LSN) error {
+	tx, sub := d.target(w)
+	n := w.u32()
+	opts := w.u8()
+	if !w.ok() {
+		return nil
+	}
+	if int64(n)*4 > int64(len(w.b)-w.off) {
+		w.fail(ErrTruncated, "relation list")
+		return nil
+	}
+	for i := uint32(0); i < n; i++ {
+		rel := d.relation(w, w.u32())
+		if rel == nil {
+			return nil
+		}
+		if rel.skip {
+			continue
+		}
+		buf := tx.arena
+		start := len(buf)
+		buf = append(buf, rel.entityOp...)
+		buf = append(buf, `truncate","truncate":{"cascade":`...)
+		buf = appendBool(buf, opts&1 != 0)
+		buf = append(buf, `,"restartIdentity":`...)
+		buf = appendBool(buf, opts&2 != 0)
+		buf = append(buf, "}}"...)
+		tx.arena = buf
+		if err := d.add(tx, rec{lsn: lsn, sub: sub, op: opTruncate, entity: rel.entity,
+			tailOff: uint32(start), tailLen: uint32(len(buf) - start)}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *Decoder) message(w *wire, lsn LSN) error {
+	var sub uint32
+	if d.inStream {
+		sub = w.u32()
+	}
+	flags := w.u8()
+	w.u64() // message LSN, the same as the payload's
+	prefix := w.cstring()
+	n := w.u32()
+	if n > 1<<30 {
+		w.fail(ErrMalformed, "content length out of range")
+		return nil
+	}
+	content := w.bytes(int(n))
+	if !w.ok() || !hasPrefix(prefix, d.cfg.MessagePrefix) {
+		return nil
+	}
+	transactional := flags&1 != 0
+	var tx *txState
+	switch {
+	case !transactional:
+		tx = d.newTx(0, false)
+	case d.inStream:
+		tx = d.streamTx
+	case d.cur != nil:
+		tx, sub = d.cur, d.cur.xid
+	default:
+		w.fail(ErrSequence, "transactional message outside a transaction")
+		return nil
+	}
+	buf := tx.arena
+	start := len(buf)
+	buf = append(buf, `,"entity":`...)
+	buf = appendString(buf, prefix)
+	buf = append(buf, `,"op":"message","prefix":`...)
+	buf = appendString(buf, prefix)
+	buf = append(buf, `,"content":`...)
+	if jsonValid(content) {
+		buf = append(buf, content...)
+	} else {
+		buf = append(buf, '"')
+		buf = base64StdAppend(buf, content)
+		buf = append(buf, '"')
+	}
+	buf = append(buf, `,"transactional":`...)
+	buf = appendBool(buf, transactional)
+	buf = append(buf, '}')
+	tx.arena = buf
+	r := rec{lsn: lsn, sub: sub, op: opMessage, entity: string(prefix), tailOff: uint32(start), tailLen: uint32(len(buf) - start)}
+	if err := d.add(tx, r); err != nil {
+		return err
+	}
+	if !transactional {
+		// Outside any transaction: it is final now (DESIGN §4.11). Its
+		// position is its own LSN.
+		return d.finish(tx, lsn, lsn, d.cfg.Now())
+	}
+	return nil
+}
+
+func (d *Decoder) streamStart(w *wire) {
+	xid := w.u32()
+	first := w.u8()
+	if !w.ok() {
+		return
+	}
+	if d.inStream || d.cur != nil {
+		w.fail(ErrSequence, "stream start inside a transaction or stream")
+		return
+	}
+	tx := d.streams[xid]
+	switch {
+	case first == 1 && tx != nil:
+		w.fail(ErrSequence, "first stream chunk of transaction "+utoa(xid)+" seen twice")
+		return
+	case first != 1 && tx == nil:
+		w.fail(ErrSequence, "stream chunk of transaction "+utoa(xid)+" whose first chunk was not seen")
+		return
+	case tx == nil:
+		tx = d.newTx(xid, true)
+		d.streams[xid] = tx
+	}
+	d.inStream, d.streamTx = true, tx
+}
+
+func (d *Decoder) streamCommit(w *wire) error {
+	xid := w.u32()
+	w.u8() // flags
+	commitLSN := LSN(w.u64())
+	endLSN := LSN(w.u64())
+	ts := int64(w.u64())
+	if !w.ok() {
+		return nil
+	}
+	tx := d.streams[xid]
+	if d.inStream || tx == nil {
+		w.fail(ErrSequence, "stream commit of transaction "+utoa(xid)+" not in progress")
+		return nil
+	}
+	delete(d.streams, xid)
+	return d.finish(tx, commitLSN, endLSN, pgTime(ts))
+}
+
+func (d *Decoder) streamAbort(w *wire) {
+	xid := w.u32()
+	sub := w.u32()
+	// Protocol 4 appends the abort LSN and time; they are not needed.
+	if !w.ok() {
+		return
+	}
+	if d.inStream {
+		w.fail(ErrSequence, "stream abort inside a stream")
+		return
+	}
+	tx := d.streams[xid]
+	if tx == nil {
+		return // nothing of it was streamed to this decoder
+	}
+	if sub == xid {
+		delete(d.streams, xid)
+		d.stats.Aborted++
+		if err := d.drop(tx); err != nil {
+			w.fail(err, "")
+		}
+		return
+	}
+	d.abortSub(tx, sub)
+}
+
+// pgEpoch is 2000-01-01 UTC, the origin of pgoutput timestamps.
+var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func pgTime(usec int64) time.Time {
+	return pgEpoch.Add(time.Duration(usec) * time.Microsecond)
+}
+
+func hasPrefix(b []byte, prefix string) bool {
+	return len(b) >= len(prefix) && string(b[:len(prefix)]) == prefix
+}
+
+func appendBool(b []byte, v bool) []byte {
+	if v {
+		return append(b, "true"...)
+	}
+	return append(b, "false"...)
+}
+
+func utoa(v uint32) string {
+	var b [10]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = byte('0' + v%10)
+		v /= 10
+		if v == 0 {
+			break
+		}
+	}
+	return string(b[i:])
+}
+
+func quoteByte(c byte) string {
+	if c >= 0x20 && c < 0x7f {
+		return "'" + string(rune(c)) + "'"
+	}
+	return "0x" + string("0123456789abcdef"[c>>4]) + string("0123456789abcdef"[c&0xf])
+}
