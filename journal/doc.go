@@ -1,0 +1,31 @@
+// Package journal is walcast's durable, ordered change journal, stored in
+// PostgreSQL (DESIGN §5). It owns the journal schema and its migrations, the
+// group-committed append with its watermark and fencing generation, the
+// HMAC-authenticated cursors, reads by cursor with entity and tenant filters,
+// retention, and the LISTEN/NOTIFY path that tells readers about new entries.
+//
+// It imports decoder for the change and transaction types and nothing else of
+// walcast; it never imports replication or fanout, and it never logs: errors
+// are returned to the caller, who decides what an operator sees.
+//
+// # Ordering
+//
+// Every append locks the single meta row (SELECT … FOR UPDATE) before it
+// assigns sequence numbers and releases it only by committing or rolling back.
+// Appends are therefore serialized, and a later append can only take the lock
+// once the earlier one has committed and become visible. Sequence numbers are
+// allocated from the meta row in the same transaction that writes the
+// entries, so a rolled-back append consumes none. Together this gives: seq is
+// contiguous, and seq order equals commit (visibility) order — a reader whose
+// snapshot sees entry N sees every entry below N. Reading "seq > cursor ORDER
+// BY seq" in one snapshot therefore never skips an entry that becomes visible
+// later. Fencing (Acquire) keeps a single legitimate appender; the row lock
+// keeps the guarantee even when a fenced one races it.
+//
+// # Positions
+//
+// The horizon is the newest assigned seq (0 when nothing was ever appended);
+// the floor is the oldest retained seq. A cursor holds the seq of the last
+// entry its reader has been given; reading returns entries above it. See
+// Changes for when a cursor requires a resync.
+package journal

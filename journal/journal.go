@@ -1,0 +1,393 @@
+package journal
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/walcast/walcast/decoder"
+)
+
+// DefaultSchema is the schema the journal lives in unless Config.Schema says
+// otherwise.
+const DefaultSchema = "walcast"
+
+// MinSecretLen is the shortest cursor secret accepted, in bytes.
+const MinSecretLen = 16
+
+// Config configures a Journal. The zero value is not usable: set URL or Pool.
+type Config struct {
+	// URL is a libpq URL or DSN of the journal database. Ignored when
+	// ConnConfig is set.
+	URL string
+	// ConnConfig, when set, is used (copied) for every connection instead of
+	// parsing URL: for callers that set TLS or a dialer themselves.
+	ConnConfig *pgx.ConnConfig
+	// MaxConns bounds the journal's pool of connections (the LISTEN
+	// connection of Wait comes on top). Default 8.
+	MaxConns int
+	// Schema holds the journal's tables; default DefaultSchema. Any name is
+	// safe: it is always quoted.
+	Schema string
+
+	// CursorSecret is the HMAC-SHA256 key cursors are signed with, at least
+	// MinSecretLen bytes. Empty means this process issues and reads no
+	// cursors (a replicator that only appends); Changes then fails with
+	// ErrNoCursorSecret.
+	CursorSecret []byte
+	// PreviousCursorSecrets are rotated-out secrets. A cursor that verifies
+	// under one of them is answered with a resync (ResyncSecretRotated)
+	// instead of an error, so rotating the secret costs clients a refetch, not
+	// an error page. A cursor that verifies under no known secret is rejected
+	// as tampered: keep a secret here for as long as clients may hold cursors
+	// signed with it.
+	PreviousCursorSecrets [][]byte
+	// RejectForeignJournal makes an authentic cursor issued by a different
+	// journal an error (ErrForeignJournal) instead of a resync. Set it when
+	// several journals share one cursor secret and a client presenting
+	// another journal's cursor is a misconfiguration rather than a journal
+	// that was recreated.
+	RejectForeignJournal bool
+}
+
+// Journal is an open journal. Its methods are safe for concurrent use.
+type Journal struct {
+	pool    *connPool
+	connCfg *pgx.ConnConfig
+	schema  string
+	sql     statements
+	id      [16]byte
+	channel string // NOTIFY channel
+
+	secrets       [][]byte // [0] is current; nil when no secret configured
+	rejectForeign bool
+
+	// appendMu serializes this process's appends and guards the following
+	// fields. (The meta row lock serializes appends across processes.)
+	appendMu   sync.Mutex
+	entitySeqs map[string]int64 // last entitySeq per entity, valid at cacheNext
+	cacheNext  int64            // next_seq the cache is valid for; 0 = invalid
+
+	lmu      sync.Mutex // guards the following fields
+	closed   bool
+	listener *listener // started by the first Wait; stopped by Close
+}
+
+// Open connects to the journal database, creates or migrates the schema and
+// returns the journal. Two processes may open the same journal at once.
+func Open(ctx context.Context, cfg Config) (*Journal, error) {
+	const op = "journal.Open"
+	if cfg.Schema == "" {
+		cfg.Schema = DefaultSchema
+	}
+	if len(cfg.Schema) > 63 {
+		return nil, opErr(op, fmt.Errorf("schema name %q is longer than 63 bytes", cfg.Schema), "choose a shorter --journal-schema")
+	}
+	if strings.IndexByte(cfg.Schema, 0) >= 0 {
+		return nil, opErr(op, errors.New("schema name contains a NUL byte"), "choose another --journal-schema")
+	}
+	var secrets [][]byte
+	if len(cfg.CursorSecret) > 0 {
+		secrets = append(secrets, append([]byte(nil), cfg.CursorSecret...))
+		for _, s := range cfg.PreviousCursorSecrets {
+			secrets = append(secrets, append([]byte(nil), s...))
+		}
+		for _, s := range secrets {
+			if len(s) < MinSecretLen {
+				return nil, opErr(op, fmt.Errorf("cursor secret is %d bytes, want at least %d", len(s), MinSecretLen),
+					"set --cursor-secret to a random string of at least 32 characters (e.g. openssl rand -hex 32)")
+			}
+		}
+	} else if len(cfg.PreviousCursorSecrets) > 0 {
+		return nil, opErr(op, errors.New("previous cursor secrets given without a current one"), "set --cursor-secret")
+	}
+
+	connCfg := cfg.ConnConfig
+	if connCfg == nil {
+		var err error
+		connCfg, err = pgx.ParseConfig(cfg.URL)
+		if err != nil {
+			return nil, opErr(op, fmt.Errorf("parse journal URL: %w", err), "check --journal-url (a libpq URL or DSN)")
+		}
+	} else {
+		connCfg = connCfg.Copy()
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = 8
+	}
+	j := &Journal{
+		pool:          newConnPool(connCfg, cfg.MaxConns),
+		connCfg:       connCfg,
+		schema:        cfg.Schema,
+		sql:           newStatements(cfg.Schema),
+		secrets:       secrets,
+		rejectForeign: cfg.RejectForeignJournal,
+	}
+	sum := sha256.Sum256([]byte(cfg.Schema))
+	j.channel = "walcast_journal_" + hex.EncodeToString(sum[:12])
+	if err := j.migrate(ctx); err != nil {
+		j.Close()
+		return nil, err
+	}
+	return j, nil
+}
+
+// Close stops the journal's listener, if any, and closes its connections.
+// It is idempotent.
+func (j *Journal) Close() {
+	j.lmu.Lock()
+	if j.closed {
+		j.lmu.Unlock()
+		return
+	}
+	j.closed = true
+	l := j.listener
+	j.listener = nil
+	j.lmu.Unlock()
+	if l != nil {
+		l.stop()
+	}
+	j.pool.close()
+}
+
+// ID is the journal id: random, created with the schema, and the epoch of
+// every cursor the journal issues.
+func (j *Journal) ID() [16]byte { return j.id }
+
+// Schema is the schema the journal lives in.
+func (j *Journal) Schema() string { return j.schema }
+
+// statements holds the SQL with the schema's quoted name spliced in.
+type statements struct {
+	meta, retention, entitySeqs, entries, published, migrations string
+	entriesIdent                                                pgx.Identifier
+}
+
+func newStatements(schema string) statements {
+	q := func(t string) string { return pgx.Identifier{schema, t}.Sanitize() }
+	return statements{
+		meta:         q("meta"),
+		retention:    q("retention"),
+		entitySeqs:   q("entity_seqs"),
+		entries:      q("entries"),
+		published:    q("published"),
+		migrations:   q("migrations"),
+		entriesIdent: pgx.Identifier{schema, "entries"},
+	}
+}
+
+// migrations are applied in order, each once, under an advisory lock. Never
+// edit a released migration; append a new one. %[1]s is the quoted schema.
+var migrations = []string{
+	1: `
+CREATE TABLE %[1]s.meta (
+	singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+	journal_id     uuid        NOT NULL,
+	created_at     timestamptz NOT NULL DEFAULT now(),
+	system_id      text        NOT NULL DEFAULT '',
+	timeline       integer     NOT NULL DEFAULT 0,
+	slot           text        NOT NULL DEFAULT '',
+	generation     bigint      NOT NULL DEFAULT 0,
+	watermark      bigint      NOT NULL DEFAULT 0,
+	next_seq       bigint      NOT NULL DEFAULT 1,
+	resync_seq     bigint      NOT NULL DEFAULT 0,
+	appended_bytes bigint      NOT NULL DEFAULT 0
+);
+COMMENT ON TABLE %[1]s.meta IS 'walcast journal: identity, source, fencing generation, watermark (commit end LSN as bigint), sequence allocator. Locked by every append.';
+CREATE TABLE %[1]s.retention (
+	singleton    boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+	floor        bigint NOT NULL DEFAULT 1,
+	pruned_bytes bigint NOT NULL DEFAULT 0
+);
+CREATE TABLE %[1]s.published (
+	singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+	seq       bigint NOT NULL DEFAULT 0
+);
+CREATE TABLE %[1]s.entity_seqs (
+	entity   text PRIMARY KEY,
+	last_seq bigint NOT NULL
+);
+CREATE TABLE %[1]s.entries (
+	seq            bigint      PRIMARY KEY,
+	entity         text        NOT NULL,
+	entity_seq     bigint      NOT NULL,
+	tenant         text,
+	tenant_unknown boolean     NOT NULL,
+	op             text        NOT NULL,
+	key_hash       bigint,
+	key            text,
+	lsn            bigint      NOT NULL,
+	commit_lsn     bigint      NOT NULL,
+	xid            bigint      NOT NULL,
+	commit_time    timestamptz NOT NULL,
+	size           integer     NOT NULL,
+	envelope       text        NOT NULL
+);
+CREATE INDEX entries_entity_seq ON %[1]s.entries (entity, seq);
+CREATE INDEX entries_key_hash ON %[1]s.entries (key_hash, seq) WHERE key_hash IS NOT NULL;
+`,
+}
+
+// advisoryClass is the first key of the migration advisory lock ("walc").
+const advisoryClass = 0x77616c63
+
+func (j *Journal) migrate(ctx context.Context) error {
+	const op = "journal.Open"
+	schemaQ := pgx.Identifier{j.schema}.Sanitize()
+	err := j.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", advisoryClass, j.schema); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+schemaQ); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+j.sql.migrations+
+			" (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"); err != nil {
+			return err
+		}
+		var have int
+		if err := tx.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM "+j.sql.migrations).Scan(&have); err != nil {
+			return err
+		}
+		want := len(migrations) - 1
+		if have > want {
+			return &Error{Op: op, Err: fmt.Errorf("%w: schema %s is at version %d, this walcast knows up to %d", ErrSchemaTooNew, schemaQ, have, want),
+				Fix: "upgrade walcast to the version that migrated the journal"}
+		}
+		for v := have + 1; v <= want; v++ {
+			if _, err := tx.Exec(ctx, fmt.Sprintf(migrations[v], schemaQ)); err != nil {
+				return fmt.Errorf("migration %d: %w", v, err)
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO "+j.sql.migrations+" (version) VALUES ($1)", v); err != nil {
+				return err
+			}
+		}
+		var id [16]byte
+		if _, err := rand.Read(id[:]); err != nil {
+			return err
+		}
+		id[6] = id[6]&0x0f | 0x40 // UUID version 4
+		id[8] = id[8]&0x3f | 0x80
+		for _, s := range []string{
+			"INSERT INTO " + j.sql.meta + " (journal_id) VALUES ($1) ON CONFLICT DO NOTHING",
+			"INSERT INTO " + j.sql.retention + " DEFAULT VALUES ON CONFLICT DO NOTHING",
+			"INSERT INTO " + j.sql.published + " DEFAULT VALUES ON CONFLICT DO NOTHING",
+		} {
+			args := []any{}
+			if strings.Contains(s, "$1") {
+				args = append(args, id)
+			}
+			if _, err := tx.Exec(ctx, s, args...); err != nil {
+				return err
+			}
+		}
+		return tx.QueryRow(ctx, "SELECT journal_id FROM "+j.sql.meta).Scan(&j.id)
+	})
+	if err != nil {
+		var je *Error
+		if errors.As(err, &je) {
+			return err
+		}
+		return opErr(op, fmt.Errorf("create or migrate journal schema %s: %w", schemaQ, err),
+			"check that the journal role may CREATE in the database (GRANT CREATE ON DATABASE …) and that --journal-url points at the right database")
+	}
+	return nil
+}
+
+// Source identifies the replication source the journal follows. The
+// replicator compares it with IDENTIFY_SYSTEM and its slot before resuming
+// (DESIGN §4.6). The zero value means "not recorded yet".
+type Source struct {
+	SystemID string // IDENTIFY_SYSTEM systemid
+	Timeline int32  // IDENTIFY_SYSTEM timeline
+	Slot     string // replication slot name
+}
+
+// State is a consistent snapshot of the journal's bookkeeping.
+type State struct {
+	JournalID  [16]byte
+	Source     Source
+	Generation int64
+	Watermark  decoder.LSN // last journaled commit end LSN
+	Horizon    int64       // newest assigned seq; 0 when empty
+	Floor      int64       // oldest retained seq (Horizon+1 when nothing was ever appended)
+	ResyncSeq  int64       // seq of the newest resync entry; 0 if none
+	Published  int64       // newest seq the publisher reported (SetPublished)
+	Rows       int64       // retained entries
+	Bytes      int64       // retained envelope bytes
+}
+
+// State reads the journal's bookkeeping in one snapshot.
+func (j *Journal) State(ctx context.Context) (State, error) {
+	var s State
+	var wm int64
+	err := j.queryRow(ctx, `SELECT m.journal_id, m.system_id, m.timeline, m.slot, m.generation, m.watermark,
+		m.next_seq - 1, r.floor, m.resync_seq, p.seq, m.next_seq - r.floor, m.appended_bytes - r.pruned_bytes
+		FROM `+j.sql.meta+` m, `+j.sql.retention+` r, `+j.sql.published+` p`, nil,
+		&s.JournalID, &s.Source.SystemID, &s.Source.Timeline, &s.Source.Slot, &s.Generation, &wm,
+		&s.Horizon, &s.Floor, &s.ResyncSeq, &s.Published, &s.Rows, &s.Bytes)
+	if err != nil {
+		return State{}, opErr("journal.State", err, "")
+	}
+	s.Watermark = decoder.LSN(wm)
+	return s, nil
+}
+
+// Watermark returns the commit end LSN of the newest journaled source
+// transaction: the position the replicator may acknowledge and resume from.
+func (j *Journal) Watermark(ctx context.Context) (decoder.LSN, error) {
+	var wm int64
+	if err := j.queryRow(ctx, "SELECT watermark FROM "+j.sql.meta, nil, &wm); err != nil {
+		return 0, opErr("journal.Watermark", err, "")
+	}
+	return decoder.LSN(wm), nil
+}
+
+// Source returns the recorded replication source.
+func (j *Journal) Source(ctx context.Context) (Source, error) {
+	var s Source
+	if err := j.queryRow(ctx, "SELECT system_id, timeline, slot FROM "+j.sql.meta, nil, &s.SystemID, &s.Timeline, &s.Slot); err != nil {
+		return Source{}, opErr("journal.Source", err, "")
+	}
+	return s, nil
+}
+
+// SetSource records the replication source. Like Append it is refused with
+// ErrFenced unless gen is the current generation.
+func (j *Journal) SetSource(ctx context.Context, gen int64, s Source) error {
+	const op = "journal.SetSource"
+	tag, err := j.exec(ctx, "UPDATE "+j.sql.meta+" SET system_id = $2, timeline = $3, slot = $4 WHERE generation = $1 AND $1 > 0",
+		gen, s.SystemID, s.Timeline, s.Slot)
+	if err != nil {
+		return opErr(op, err, "")
+	}
+	if tag.RowsAffected() == 0 {
+		return fencedErr(op, gen)
+	}
+	return nil
+}
+
+// SetPublished records that every entry up to seq has been published. It
+// never moves the position backwards.
+func (j *Journal) SetPublished(ctx context.Context, seq int64) error {
+	if _, err := j.exec(ctx, "UPDATE "+j.sql.published+" SET seq = greatest(seq, $1)", seq); err != nil {
+		return opErr("journal.SetPublished", err, "")
+	}
+	return nil
+}
+
+// Published returns the position last recorded with SetPublished (0 if none).
+func (j *Journal) Published(ctx context.Context) (int64, error) {
+	var seq int64
+	if err := j.queryRow(ctx, "SELECT seq FROM "+j.sql.published, nil, &seq); err != nil {
+		return 0, opErr("journal.Published", err, "")
+	}
+	return seq, nil
+}

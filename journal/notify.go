@@ -1,0 +1,138 @@
+package journal
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Wait blocks until the journal's horizon is above after and returns it, or
+// until ctx ends. It learns of appends through LISTEN/NOTIFY (every append
+// that writes entries notifies in its own transaction, so the notification
+// arrives only once the entries are visible) on one dedicated connection
+// shared by all waiters of this Journal, opened by the first Wait and closed
+// by Close. While that connection is down Wait keeps waiting; it reconnects
+// with backoff and re-reads the horizon, so no append is missed.
+func (j *Journal) Wait(ctx context.Context, after int64) (int64, error) {
+	l, err := j.startListener()
+	if err != nil {
+		return 0, opErr("journal.Wait", err, "")
+	}
+	for {
+		l.mu.Lock()
+		h, ready, changed := l.horizon, l.ready, l.changed
+		l.mu.Unlock()
+		if ready && h > after {
+			return h, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-l.done:
+			return 0, opErr("journal.Wait", ErrClosed, "")
+		}
+	}
+}
+
+func (j *Journal) startListener() (*listener, error) {
+	j.lmu.Lock()
+	defer j.lmu.Unlock()
+	if j.closed {
+		return nil, ErrClosed
+	}
+	if j.listener == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		l := &listener{j: j, cancel: cancel, done: make(chan struct{}), changed: make(chan struct{})}
+		go l.run(ctx)
+		j.listener = l
+	}
+	return j.listener, nil
+}
+
+// listener owns the LISTEN connection; its goroutine is started by
+// startListener and stopped by stop (from Journal.Close).
+type listener struct {
+	j      *Journal
+	cancel context.CancelFunc
+	done   chan struct{} // closed when run returns
+
+	mu      sync.Mutex    // guards the following fields
+	horizon int64         // newest seq known
+	ready   bool          // horizon has been read at least once
+	changed chan struct{} // closed (and replaced) when horizon or ready changes
+}
+
+func (l *listener) stop() {
+	l.cancel()
+	<-l.done
+}
+
+func (l *listener) publish(h int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ready && h <= l.horizon {
+		return
+	}
+	if h > l.horizon {
+		l.horizon = h
+	}
+	l.ready = true
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
+func (l *listener) run(ctx context.Context) {
+	defer close(l.done)
+	backoff := 100 * time.Millisecond
+	for {
+		start := time.Now()
+		_ = l.session(ctx) // an error ends the session; we reconnect
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) > time.Minute {
+			backoff = 100 * time.Millisecond
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+func (l *listener) session(ctx context.Context) error {
+	conn, err := pgx.ConnectConfig(ctx, l.j.connCfg.Copy())
+	if err != nil {
+		return err
+	}
+	defer closeConn(conn)
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{l.j.channel}.Sanitize()); err != nil {
+		return err
+	}
+	// Read the horizon after LISTEN so that no append falls between.
+	var h int64
+	if err := conn.QueryRow(ctx, "SELECT next_seq - 1 FROM "+l.j.sql.meta).Scan(&h); err != nil {
+		return err
+	}
+	l.publish(h)
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		h, err := strconv.ParseInt(n.Payload, 10, 64)
+		if err != nil {
+			return errors.New("journal: unexpected notification payload " + strconv.Quote(n.Payload))
+		}
+		l.publish(h)
+	}
+}

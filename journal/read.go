@@ -1,0 +1,255 @@
+package journal
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/walcast/walcast/decoder"
+)
+
+// Query is a read of the journal (DESIGN §5).
+type Query struct {
+	// Cursor is where to continue: a cursor returned by an earlier read with
+	// the same scope (Entities, Tenant, AllTenants). Empty means "start now":
+	// no changes, and Result.Cursor at the current horizon — unless
+	// FromOldest is set, which starts at the oldest retained entry instead
+	// (or just after the newest resync entry, if that is later).
+	Cursor     string
+	FromOldest bool
+
+	// Entities restricts the read to these entities ("schema.table"); empty
+	// means all. Order and duplicates do not matter.
+	Entities []string
+	// Tenant scopes the read to one tenant: its rows and rows with no tenant.
+	// Empty means unscoped: only rows with no tenant (fail closed). Rows whose
+	// tenant could not be resolved reach neither.
+	Tenant string
+	// AllTenants reads every row regardless of tenant, including
+	// tenant-unknown ones: for the publisher and operators' tools, never for
+	// an end user's request. Tenant is ignored when it is set.
+	AllTenants bool
+
+	// Limit bounds the number of changes returned; 0 means DefaultLimit and
+	// values above MaxLimit are lowered to it.
+	Limit int
+}
+
+// Read limits.
+const (
+	DefaultLimit = 1000
+	MaxLimit     = 10000
+)
+
+// Entry is one journaled change as read.
+type Entry struct {
+	Seq           int64
+	Entity        string
+	EntitySeq     int64
+	Tenant        string // empty when the row has no tenant
+	TenantUnknown bool
+	Op            decoder.Op
+	LSN           decoder.LSN
+	CommitLSN     decoder.LSN
+	CommitTime    time.Time
+	// Envelope is the complete envelope JSON (DESIGN §3), byte for byte as
+	// stored and published. The caller owns it.
+	Envelope []byte
+}
+
+// ResyncReason says why a read requires a resync.
+type ResyncReason string
+
+// Resync reasons.
+const (
+	ResyncPruned         ResyncReason = "pruned"          // cursor below the retained floor
+	ResyncAhead          ResyncReason = "ahead"           // cursor beyond the horizon
+	ResyncForeignJournal ResyncReason = "foreign-journal" // cursor from another journal (id mismatch)
+	ResyncEntry          ResyncReason = "resync-entry"    // cursor from before a resync entry
+	ResyncSecretRotated  ResyncReason = "secret-rotated"  // cursor signed with a previous secret
+)
+
+// Result is the answer to a read.
+type Result struct {
+	// Changes are the entries after the cursor, in seq order, at most Limit.
+	Changes []Entry
+	// Cursor continues the read: after the last change returned, or at the
+	// horizon when fewer than Limit matched (so a filtered reader keeps up
+	// with the log even when nothing matches). Unchanged when
+	// ResyncRequired.
+	Cursor string
+	// ResyncRequired: the reader's position is lost (Reason says why); its
+	// state must be refetched and the read resumed from ResyncCursor, which
+	// is at the current horizon. Changes is empty.
+	ResyncRequired bool
+	Reason         ResyncReason
+	ResyncCursor   string
+	// Horizon is the newest seq in the journal at the time of the read.
+	Horizon int64
+}
+
+// Changes reads the journal as DESIGN §5 describes.
+//
+// Resync detection runs on the unfiltered log, in the same snapshot as the
+// read: a cursor at position p needs a resync when p is below floor-1, above
+// the horizon, or below the newest resync entry; or when the cursor was
+// issued by another journal or signed with a previous secret. Entity and
+// tenant filters play no part in it. A malformed or forged cursor fails with
+// ErrCursorTampered, one presented with a different scope with
+// ErrCursorScope; neither is ever served.
+func (j *Journal) Changes(ctx context.Context, q Query) (Result, error) {
+	const op = "journal.Changes"
+	if len(j.secrets) == 0 {
+		return Result{}, opErr(op, ErrNoCursorSecret, "set --cursor-secret")
+	}
+	sc := newScope(q)
+	sh := sc.hash()
+	limit := q.Limit
+	if limit <= 0 {
+		limit = DefaultLimit
+	}
+	if limit > MaxLimit {
+		limit = MaxLimit
+	}
+
+	var start *int64 // nil: start now or at the oldest
+	var reason ResyncReason
+	if q.Cursor != "" {
+		c, idx, ok := decodeCursor(q.Cursor, j.secrets)
+		if !ok {
+			return Result{}, opErr(op, ErrCursorTampered, "the client must drop this cursor and start again without one")
+		}
+		switch {
+		case c.scope != sh:
+			return Result{}, opErr(op, ErrCursorScope, "present a cursor with the topics and tenant it was issued for")
+		case c.journal != j.id && j.rejectForeign:
+			return Result{}, opErr(op, ErrForeignJournal, "the cursor belongs to another journal; start again without a cursor")
+		case c.journal != j.id:
+			reason = ResyncForeignJournal
+		case idx > 0:
+			reason = ResyncSecretRotated
+		default:
+			p := c.position
+			start = &p
+		}
+	}
+
+	rows, err := j.readEntries(ctx, sc, start, q.FromOldest && q.Cursor == "", limit)
+	if err != nil {
+		return Result{}, opErr(op, err, "")
+	}
+	res := Result{Horizon: rows.horizon}
+	if reason == "" && start != nil {
+		p := *start
+		switch {
+		case p > rows.horizon:
+			reason = ResyncAhead
+		case p < rows.floor-1:
+			reason = ResyncPruned
+		case p < rows.resyncSeq:
+			reason = ResyncEntry
+		}
+	}
+	if reason != "" {
+		res.ResyncRequired = true
+		res.Reason = reason
+		res.Cursor = q.Cursor
+		res.ResyncCursor = j.cursorAt(rows.horizon, sh)
+		return res, nil
+	}
+	res.Changes = rows.entries
+	pos := rows.horizon
+	if len(rows.entries) == limit {
+		pos = rows.entries[len(rows.entries)-1].Seq
+	}
+	res.Cursor = j.cursorAt(pos, sh)
+	return res, nil
+}
+
+// HorizonCursor returns a cursor at the current horizon for the query's
+// scope: what a reader that starts live (having just subscribed to NATS)
+// resumes from.
+func (j *Journal) HorizonCursor(ctx context.Context, q Query) (string, error) {
+	q.Cursor, q.FromOldest, q.Limit = "", false, 1
+	res, err := j.Changes(ctx, q)
+	if err != nil {
+		return "", err
+	}
+	return res.Cursor, nil
+}
+
+func (j *Journal) cursorAt(pos int64, scopeHash [16]byte) string {
+	return encodeCursor(cursor{journal: j.id, position: pos, scope: scopeHash}, j.secrets[0])
+}
+
+type readRows struct {
+	horizon, floor, resyncSeq int64
+	entries                   []Entry
+}
+
+// readEntries reads the bookkeeping and up to limit matching entries after
+// the start position in one statement, hence one snapshot. With start nil it
+// starts at the horizon, or with fromOldest at max(floor-1, resyncSeq). No
+// entry is read when the start position needs a resync.
+func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, fromOldest bool, limit int) (readRows, error) {
+	var filter strings.Builder
+	args := []any{start, fromOldest, limit}
+	if len(sc.entities) > 0 {
+		args = append(args, sc.entities)
+		fmt.Fprintf(&filter, " AND e.entity = ANY($%d::text[])", len(args))
+	}
+	switch {
+	case sc.allTenants:
+	case sc.tenant != "":
+		args = append(args, sc.tenant)
+		fmt.Fprintf(&filter, " AND (e.tenant = $%d OR (e.tenant IS NULL AND NOT e.tenant_unknown))", len(args))
+	default:
+		filter.WriteString(" AND e.tenant IS NULL AND NOT e.tenant_unknown")
+	}
+	sql := `SELECT m.next_seq - 1, r.floor, m.resync_seq,
+		e.seq, e.entity, e.entity_seq, e.tenant, e.tenant_unknown, e.op, e.lsn, e.commit_lsn, e.commit_time, e.envelope
+	FROM ` + j.sql.meta + ` m CROSS JOIN ` + j.sql.retention + ` r
+	CROSS JOIN LATERAL (SELECT coalesce($1::bigint, CASE WHEN $2::boolean THEN greatest(r.floor - 1, m.resync_seq) ELSE m.next_seq - 1 END) AS start) s
+	LEFT JOIN LATERAL (
+		SELECT * FROM ` + j.sql.entries + ` e
+		WHERE e.seq > s.start AND s.start >= r.floor - 1 AND s.start >= m.resync_seq AND s.start < m.next_seq` + filter.String() + `
+		ORDER BY e.seq LIMIT $3
+	) e ON true
+	ORDER BY e.seq`
+
+	conn, err := j.pool.acquire(ctx)
+	if err != nil {
+		return readRows{}, err
+	}
+	defer j.pool.release(conn)
+	rows, err := conn.Query(ctx, sql, args...)
+	if err != nil {
+		return readRows{}, err
+	}
+	defer rows.Close()
+	var out readRows
+	for rows.Next() {
+		var (
+			seq, entitySeq, lsn, commitLSN *int64
+			entity, tenant, opv            *string
+			unknown                        *bool
+			commitTime                     *time.Time
+			env                            []byte
+		)
+		if err := rows.Scan(&out.horizon, &out.floor, &out.resyncSeq,
+			&seq, &entity, &entitySeq, &tenant, &unknown, &opv, &lsn, &commitLSN, &commitTime, &env); err != nil {
+			return readRows{}, err
+		}
+		if seq == nil { // LEFT JOIN with no entry
+			continue
+		}
+		e := Entry{Seq: *seq, Entity: *entity, EntitySeq: *entitySeq, TenantUnknown: *unknown, Op: decoder.Op(*opv),
+			LSN: decoder.LSN(*lsn), CommitLSN: decoder.LSN(*commitLSN), CommitTime: *commitTime, Envelope: env}
+		if tenant != nil {
+			e.Tenant = *tenant
+		}
+		out.entries = append(out.entries, e)
+	}
+	return out, rows.Err()
+}
