@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/walcast/walcast/internal/telemetry"
+	"github.com/walcast/walcast/journal"
+	"github.com/walcast/walcast/replication"
+)
+
+func newRunCmd(env Env) *cobra.Command {
+	var (
+		rc            replication.Config
+		journalURL    string
+		schema        string
+		httpListen    string
+		retention     journal.Retention
+		pruneEvery    time.Duration
+		logs          logFlags
+		skipPreflight bool
+	)
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Stream a publication's changes into the journal (the sidecar)",
+		Long: `run holds the replication slot of a publication (one active instance per
+slot, guarded by an advisory lock; others wait as standbys), decodes every
+committed change and writes it to the journal before acknowledging it to
+PostgreSQL.
+
+At start it runs the checks of 'walcast verify', logs every warning and failure
+with its fix, and refuses to start only when replication is impossible.
+
+Exit status: 0 after a clean stop (SIGINT/SIGTERM; a second signal aborts),
+1 when replication fails, 2 for a configuration error or an unreachable
+database at start-up, 3 when another instance holds the slot and
+--standby=false.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := logs.logger(env.Stderr)
+			if err != nil {
+				return err
+			}
+			if rc.DatabaseURL == "" {
+				return usageErrorf("run: --database-url is required (or set WALCAST_DATABASE_URL)")
+			}
+			if rc.Publication == "" {
+				return usageErrorf("run: --publication is required (or set WALCAST_PUBLICATION)")
+			}
+			if journalURL == "" {
+				journalURL = rc.DatabaseURL
+			}
+			rc.Logger = log
+			return runReplicator(cmd.Context(), log, rc, journalURL, schema, httpListen, retention, pruneEvery, !skipPreflight)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&rc.DatabaseURL, "database-url", "", "source database, libpq URL or DSN (sslmode, sslrootcert, sslcert honoured)")
+	f.StringVar(&rc.Publication, "publication", "", "publication to stream (required)")
+	f.StringVar(&rc.Slot, "slot", "walcast", "replication slot name")
+	f.StringVar(&journalURL, "journal-url", "", "journal database (default: the database URL)")
+	f.StringVar(&schema, "journal-schema", journal.DefaultSchema, "schema of the journal")
+	f.StringVar(&rc.TenantColumn, "tenant-column", "", "column hoisted into the envelope's tenant")
+	f.StringVar(&rc.MessagePrefix, "message-prefix", "walcast.", "logical decoding message prefix journaled as op \"message\"")
+	f.BoolVar(&rc.Standby, "standby", true, "wait as a standby while another instance holds the slot (false: exit 3)")
+	f.BoolVar(&rc.RecreateLostSlot, "recreate-lost-slot", false, "recreate a lost or vanished slot and journal a resync entry")
+	f.StringVar(&httpListen, "http-listen", "127.0.0.1:9187", "address for /metrics, /healthz and /readyz")
+	f.Int64Var(&retention.MaxRows, "retention-max-rows", 0, "keep at most this many journal entries (0: unbounded)")
+	f.Int64Var(&retention.MaxBytes, "retention-max-bytes", 0, "keep at most this many bytes of envelopes (0: unbounded)")
+	f.DurationVar(&retention.MaxAge, "retention-max-age", 0, "drop entries older than this (0: unbounded)")
+	f.DurationVar(&pruneEvery, "retention-interval", time.Minute, "how often retention runs")
+	f.IntVar(&rc.BatchMaxTxns, "batch-max-txns", 1000, "close a journal batch at this many source transactions")
+	f.IntVar(&rc.BatchMaxChanges, "batch-max-changes", 20000, "close a journal batch at this many changes")
+	f.DurationVar(&rc.BatchMaxDelay, "batch-max-delay", 5*time.Millisecond, "close a journal batch this long after its first transaction")
+	f.IntVar(&rc.QueueMaxChanges, "queue-max-changes", 100000, "changes decoded but not yet journaled before reading pauses")
+	f.Int64Var(&rc.MemoryBudget, "memory-budget", 64<<20, "bytes of in-progress transactions held in memory before spilling to disk")
+	f.StringVar(&rc.SpillDir, "spill-dir", "", "directory for spill files (default: the system temp dir)")
+	f.BoolVar(&skipPreflight, "skip-preflight", false, "do not run the verify checks at start")
+	logs.register(cmd)
+	return cmd
+}
+
+// runReplicator wires the journal, the replicator and the HTTP endpoints,
+// and runs until ctx ends or replication stops.
+func runReplicator(ctx context.Context, log *slog.Logger, rc replication.Config, journalURL, schema, httpListen string,
+	retention journal.Retention, pruneEvery time.Duration, preflight bool) error {
+	if preflight {
+		report, err := replication.Verify(ctx, replication.VerifyConfig{DatabaseURL: rc.DatabaseURL, Publication: rc.Publication,
+			Slot: rc.Slot, JournalSchema: schema, TenantColumn: rc.TenantColumn})
+		if err != nil {
+			return startupError(err)
+		}
+		for _, c := range report.Checks {
+			switch c.Status {
+			case replication.StatusWarn:
+				log.Warn("preflight: "+c.Found, "check", c.ID, "fix", c.Fix)
+			case replication.StatusFail:
+				log.Error("preflight: "+c.Found, "check", c.ID, "fix", c.Fix, "blocking", c.Blocking)
+			}
+		}
+		if b := report.Blocking(); len(b) > 0 {
+			return withCode(exitUsage, fmt.Errorf("run: replication is impossible until this is fixed: %s\nfix: %s", b[0].Found, b[0].Fix))
+		}
+	}
+	j, err := journal.Open(ctx, journal.Config{URL: journalURL, Schema: schema})
+	if err != nil {
+		return startupError(err)
+	}
+	defer j.Close()
+	r, err := replication.New(rc, j)
+	if err != nil {
+		return startupError(err)
+	}
+	metrics, err := telemetry.NewMetrics()
+	if err != nil {
+		return withCode(exitFailed, err)
+	}
+	defer metrics.Shutdown(context.WithoutCancel(ctx))
+	if err := r.RegisterMetrics(metrics.Meter("walcast/replication")); err != nil {
+		return withCode(exitFailed, err)
+	}
+	srv, err := telemetry.Listen(httpListen, metrics, func() (bool, string) {
+		s := r.State()
+		switch s.Role {
+		case replication.RoleActive:
+			return true, fmt.Sprintf("active: streaming, generation %d, watermark %s", s.Generation, s.Watermark)
+		case replication.RoleStandby:
+			return true, "standby: another walcast run holds the slot; ready to take over"
+		}
+		return false, fmt.Sprintf("%s: %s", s.Role, s.LastError)
+	})
+	if err != nil {
+		return withCode(exitUsage, err)
+	}
+	log.Info("walcast run starting", "version", version, "publication", rc.Publication, "slot", rc.Slot,
+		"journal_schema", j.Schema(), "http", srv.Addr())
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := srv.Serve(ctx, log); err != nil {
+			log.Error("http endpoints stopped", "err", err)
+		}
+	}()
+	if retention != (journal.Retention{}) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = j.RunRetention(ctx, retention, pruneEvery, func(err error) { log.Warn("journal retention failed; retrying next interval", "err", err) })
+		}()
+	}
+	err = r.Run(ctx)
+	cancel()
+	wg.Wait()
+	switch {
+	case err == nil:
+		log.Info("walcast run stopped")
+		return nil
+	case errors.Is(err, replication.ErrSlotHeld):
+		return withCode(exitStandby, err)
+	case replication.CodeOf(err) != replication.CodeInternal && replication.CodeOf(err) != replication.CodeSlotLost:
+		return withCode(exitUsage, err)
+	}
+	return withCode(exitFailed, err)
+}
+
+// startupError maps an error met before streaming to its exit code: a
+// classified connection or configuration problem is exit 2.
+func startupError(err error) error {
+	var re *replication.Error
+	if errors.As(err, &re) && re.Code != replication.CodeInternal {
+		return withCode(exitUsage, err)
+	}
+	var je *journal.Error
+	if errors.As(err, &je) {
+		return withCode(exitUsage, err)
+	}
+	return withCode(exitFailed, err)
+}

@@ -1,0 +1,734 @@
+// Package replication owns the replication connection: it takes the advisory
+// lock that makes one walcast the active replicator of a slot (others wait as
+// standbys), checks where the stream must resume, creates the slot, streams
+// pgoutput through the decoder into the journal and acknowledges to Postgres
+// only what the journal holds (persist-before-ack). It also runs the
+// preflight checks of `walcast verify`.
+//
+// It must not publish to NATS or serve clients: that is fanout's job, driven
+// by the journal.
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/internal/backoff"
+	"github.com/walcast/walcast/journal"
+)
+
+// ErrSlotHeld is returned by Run when another replicator holds the slot's
+// lock and Config.Standby is false.
+var ErrSlotHeld = errors.New("another walcast run holds the replication slot")
+
+// Config configures a Replicator. Zero fields take the defaults noted.
+type Config struct {
+	DatabaseURL   string // source database (required)
+	Publication   string // required
+	Slot          string // default "walcast"
+	TenantColumn  string
+	MessagePrefix string // default "walcast."
+	// Standby makes Run wait while another instance holds the slot; when
+	// false Run returns ErrSlotHeld instead.
+	Standby bool
+	// RecreateLostSlot lets Run recreate a lost or vanished slot, journaling a
+	// resync entry; otherwise such a gap stops Run with a CodeSlotLost error.
+	RecreateLostSlot bool
+
+	// A journal batch closes at BatchMaxTxns transactions (default 1000),
+	// BatchMaxChanges changes (default 20000) or BatchMaxDelay after its first
+	// transaction (default 5ms), whichever comes first.
+	BatchMaxTxns    int
+	BatchMaxChanges int
+	BatchMaxDelay   time.Duration
+	// QueueMaxChanges bounds the changes decoded but not yet journaled
+	// (default 100000); past it the loop stops reading WAL but keeps sending
+	// status updates. A single transaction is always admitted to an empty
+	// queue, whatever its size (large ones live in spill files).
+	QueueMaxChanges int
+
+	// MemoryBudget and SpillDir configure the decoder (decoder.Config).
+	MemoryBudget int64
+	SpillDir     string
+
+	// StandbyPoll is how often a standby retries the lock (default 1s).
+	StandbyPoll time.Duration
+	// BackoffBase and BackoffMax bound reconnect delays (defaults 500ms, 30s).
+	BackoffBase, BackoffMax time.Duration
+	// StatusInterval caps the interval between standby status updates
+	// (default 10s); it is further capped at 75% of wal_sender_timeout.
+	StatusInterval time.Duration
+
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.Slot == "" {
+		c.Slot = "walcast"
+	}
+	if c.MessagePrefix == "" {
+		c.MessagePrefix = "walcast."
+	}
+	if c.BatchMaxTxns <= 0 {
+		c.BatchMaxTxns = 1000
+	}
+	if c.BatchMaxChanges <= 0 {
+		c.BatchMaxChanges = 20000
+	}
+	if c.BatchMaxDelay <= 0 {
+		c.BatchMaxDelay = 5 * time.Millisecond
+	}
+	if c.QueueMaxChanges <= 0 {
+		c.QueueMaxChanges = 100000
+	}
+	if c.StandbyPoll <= 0 {
+		c.StandbyPoll = time.Second
+	}
+	if c.BackoffBase <= 0 {
+		c.BackoffBase = 500 * time.Millisecond
+	}
+	if c.BackoffMax <= 0 {
+		c.BackoffMax = 30 * time.Second
+	}
+	if c.StatusInterval <= 0 {
+		c.StatusInterval = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Role is what a replicator is doing, for /readyz, logs and metrics.
+type Role string
+
+// Roles.
+const (
+	RoleStarting     Role = "starting"
+	RoleStandby      Role = "standby"      // waiting for the slot's lock
+	RoleActive       Role = "active"       // holds the lock and streams
+	RoleReconnecting Role = "reconnecting" // between sessions, backing off
+	RoleStopped      Role = "stopped"
+)
+
+// State is a snapshot of a replicator's state.
+type State struct {
+	Role       Role
+	Since      time.Time
+	Generation int64
+	Watermark  decoder.LSN // last journaled (and acknowledgeable) position
+	ServerEnd  decoder.LSN // server's WAL end from the latest keepalive
+	LastError  string
+}
+
+// Replicator streams one slot into one journal. Create it with New and call
+// Run once.
+type Replicator struct {
+	cfg Config
+	j   *journal.Journal
+	log *slog.Logger
+
+	watermark atomic.Uint64 // journaled position, shared by loop and writer
+	serverEnd atomic.Uint64
+	stats     Stats
+
+	mu    sync.Mutex // guards the following fields
+	state State
+}
+
+// Stats are cumulative counters, read with Stats().
+type Stats struct {
+	Transactions atomic.Uint64 // source transactions journaled
+	Changes      atomic.Uint64 // entries journaled
+	Batches      atomic.Uint64 // journal appends
+	Reconnects   atomic.Uint64 // sessions ended by an error and retried
+}
+
+// New validates cfg and returns a Replicator writing to j.
+func New(cfg Config, j *journal.Journal) (*Replicator, error) {
+	cfg.setDefaults()
+	if cfg.Publication == "" {
+		return nil, &Error{Code: CodeConfig, Op: "configure replication", Err: errors.New("no publication given"),
+			Fix: "pass --publication NAME (or set WALCAST_PUBLICATION)"}
+	}
+	if err := ValidateSlotName(cfg.Slot); err != nil {
+		return nil, &Error{Code: CodeConfig, Op: "configure replication", Err: err, Fix: "choose a --slot of lower-case letters, digits and underscores"}
+	}
+	if _, err := ParseConnConfig(cfg.DatabaseURL); err != nil {
+		return nil, ClassifyConnectError("source database", err)
+	}
+	r := &Replicator{cfg: cfg, j: j, log: cfg.Logger.With("slot", cfg.Slot)}
+	r.state = State{Role: RoleStarting, Since: time.Now()}
+	return r, nil
+}
+
+// State returns the replicator's current state.
+func (r *Replicator) State() State {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.state
+	s.Watermark = decoder.LSN(r.watermark.Load())
+	s.ServerEnd = decoder.LSN(r.serverEnd.Load())
+	return s
+}
+
+// Stats returns the replicator's counters.
+func (r *Replicator) Stats() *Stats { return &r.stats }
+
+func (r *Replicator) setRole(role Role, gen int64, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.state.Role != role {
+		r.state.Since = time.Now()
+	}
+	r.state.Role = role
+	if gen != 0 {
+		r.state.Generation = gen
+	}
+	if err != nil {
+		r.state.LastError = err.Error()
+	}
+}
+
+// Run replicates until ctx is cancelled (it then finishes the batch being
+// written, sends a final status update and returns nil) or a terminal error:
+// ErrSlotHeld when Standby is false, a CodeSlotLost *Error for a gap without
+// RecreateLostSlot, or a classified *Error when the very first connection
+// fails for a reason retrying cannot fix (authentication, TLS,
+// configuration, missing database). Everything else reconnects with
+// jittered exponential backoff and a fresh decoder.
+func (r *Replicator) Run(ctx context.Context) error {
+	defer r.setRole(RoleStopped, 0, nil)
+	bo := backoff.New(r.cfg.BackoffBase, r.cfg.BackoffMax)
+	everConnected := false
+	for {
+		streamed, err := r.session(ctx, &everConnected)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err == nil {
+			err = errors.New("replication session ended")
+		}
+		if terminal(err, everConnected) {
+			r.setRole(RoleStopped, 0, err)
+			return err
+		}
+		if streamed {
+			bo.Reset()
+		}
+		r.stats.Reconnects.Add(1)
+		r.setRole(RoleReconnecting, 0, err)
+		delay := bo.Next()
+		r.log.Warn("replication session ended; reconnecting", "cause", err, "code", string(CodeOf(err)),
+			"attempt", bo.Attempt(), "delay", delay.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+	}
+}
+
+// terminal decides, in one place, which errors stop Run.
+func terminal(err error, everConnected bool) bool {
+	if errors.Is(err, ErrSlotHeld) {
+		return true
+	}
+	switch CodeOf(err) {
+	case CodeSlotLost:
+		return true
+	case CodeConfig, CodeTLS, CodeAuth, CodeDatabaseMissing, CodeUnreachable:
+		// At start-up these need the operator; once we have streamed, a
+		// restart or failover of the server can produce them for a while.
+		return !everConnected
+	}
+	return false
+}
+
+// session runs one connection: lock, resume check, stream. streamed reports
+// whether it got as far as streaming (so the backoff resets).
+func (r *Replicator) session(ctx context.Context, everConnected *bool) (streamed bool, err error) {
+	conn, err := connectReplication(ctx, r.cfg.DatabaseURL)
+	if err != nil {
+		return false, err
+	}
+	*everConnected = true
+	defer conn.Close(context.WithoutCancel(ctx))
+
+	sys, err := identifySystem(ctx, conn)
+	if err != nil {
+		return false, err
+	}
+	if err := r.waitForLock(ctx, conn); err != nil {
+		return false, err
+	}
+	gen, err := r.j.Acquire(ctx)
+	if err != nil {
+		return false, err
+	}
+	r.log.Info("holding the slot's lock; now the active replicator", "generation", gen, "pid", conn.PID())
+	start, err := r.resume(ctx, conn, sys, gen)
+	if err != nil {
+		return false, err
+	}
+	r.watermark.Store(uint64(start))
+	statusEvery, err := r.statusInterval(ctx, conn)
+	if err != nil {
+		return false, err
+	}
+	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, pglogrepl.LSN(start),
+		pglogrepl.StartReplicationOptions{PluginArgs: pluginArgs(r.cfg.Publication)})
+	if err != nil {
+		return false, classifyStreamError("start replication", err)
+	}
+	r.setRole(RoleActive, gen, nil)
+	r.log.Info("streaming", "from", start.String(), "status_interval", statusEvery)
+	return true, r.stream(ctx, conn, gen, statusEvery)
+}
+
+// waitForLock takes the slot's advisory lock on conn, waiting as a standby
+// while another session holds it (unless Standby is false).
+func (r *Replicator) waitForLock(ctx context.Context, conn *pgconn.PgConn) error {
+	ok, err := tryLock(ctx, conn, r.cfg.Slot)
+	if err != nil || ok {
+		return err
+	}
+	if !r.cfg.Standby {
+		return fmt.Errorf("%w %q (--standby=false)", ErrSlotHeld, r.cfg.Slot)
+	}
+	r.setRole(RoleStandby, 0, nil)
+	r.log.Info("standby: another walcast run holds the slot; waiting to take over", "poll", r.cfg.StandbyPoll)
+	t := time.NewTicker(r.cfg.StandbyPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		ok, err := tryLock(ctx, conn, r.cfg.Slot)
+		if err != nil || ok {
+			return err
+		}
+	}
+}
+
+// statusInterval is the time between status updates: StatusInterval, capped
+// at 75% of the server's wal_sender_timeout (DESIGN §4.8).
+func (r *Replicator) statusInterval(ctx context.Context, conn *pgconn.PgConn) (time.Duration, error) {
+	res, err := conn.Exec(ctx, "SELECT setting FROM pg_settings WHERE name = 'wal_sender_timeout'").ReadAll()
+	if err != nil {
+		return 0, fmt.Errorf("read wal_sender_timeout: %w", err)
+	}
+	d := r.cfg.StatusInterval
+	if len(res) == 1 && len(res[0].Rows) == 1 {
+		ms, _ := strconv.Atoi(string(res[0].Rows[0][0]))
+		if t := time.Duration(ms) * time.Millisecond * 3 / 4; ms > 0 && t < d {
+			d = t
+		}
+	}
+	return d, nil
+}
+
+// resume checks where the stream must resume (DESIGN §4.6) and returns the
+// position to start from, creating the slot on a fresh journal and handling a
+// gap as DESIGN §4.2 says.
+func (r *Replicator) resume(ctx context.Context, conn *pgconn.PgConn, sys SystemInfo, gen int64) (decoder.LSN, error) {
+	src, err := r.j.Source(ctx)
+	if err != nil {
+		return 0, err
+	}
+	wm, err := r.j.Watermark(ctx)
+	if err != nil {
+		return 0, err
+	}
+	slot, err := readSlot(ctx, conn, r.cfg.Slot)
+	if err != nil {
+		return 0, err
+	}
+	if slot.Exists {
+		if slot.SlotType != "logical" || slot.Plugin != "pgoutput" {
+			return 0, &Error{Code: CodeConfig, Op: "check slot " + r.cfg.Slot,
+				Err: fmt.Errorf("slot is a %s slot with plugin %q; walcast needs a logical pgoutput slot", slot.SlotType, slot.Plugin),
+				Fix: "run with another --slot, or drop this one: SELECT pg_drop_replication_slot('" + r.cfg.Slot + "');"}
+		}
+		if slot.Database != sys.DBName {
+			return 0, &Error{Code: CodeConfig, Op: "check slot " + r.cfg.Slot,
+				Err: fmt.Errorf("slot belongs to database %q, not %q", slot.Database, sys.DBName),
+				Fix: "point --database-url at that database, or run with another --slot"}
+		}
+	}
+	cur := journal.Source{SystemID: sys.SystemID, Timeline: sys.Timeline, Slot: r.cfg.Slot}
+
+	if src.SystemID == "" {
+		// A fresh journal: start where the slot is, creating it if needed.
+		start := slot.ConfirmedFlush
+		if !slot.Exists || slot.WalStatus == "lost" {
+			if slot.Exists {
+				if err := pglogrepl.DropReplicationSlot(ctx, conn, r.cfg.Slot, pglogrepl.DropReplicationSlotOptions{}); err != nil {
+					return 0, classifyStreamError("drop lost slot", err)
+				}
+			}
+			if start, err = createSlot(ctx, conn, r.cfg.Slot); err != nil {
+				return 0, classifyStreamError("create slot", err)
+			}
+			r.log.Info("created replication slot", "consistent_point", start.String())
+		}
+		if err := r.j.SetSource(ctx, gen, cur); err != nil {
+			return 0, err
+		}
+		if start > wm {
+			if _, err := r.j.Advance(ctx, gen, start); err != nil {
+				return 0, err
+			}
+			wm = start
+		}
+		return wm, nil
+	}
+
+	var gap string
+	switch {
+	case src.SystemID != sys.SystemID:
+		gap = fmt.Sprintf("the source's system identifier changed from %s to %s (a restored backup or a different server)", src.SystemID, sys.SystemID)
+	case src.Timeline != sys.Timeline:
+		gap = fmt.Sprintf("the source's timeline changed from %d to %d (a promoted standby)", src.Timeline, sys.Timeline)
+	case !slot.Exists:
+		gap = fmt.Sprintf("slot %q vanished", r.cfg.Slot)
+	case slot.WalStatus == "lost":
+		gap = fmt.Sprintf("slot %q is lost: Postgres removed WAL it still needed (max_slot_wal_keep_size)", r.cfg.Slot)
+	case slot.ConfirmedFlush > wm:
+		gap = fmt.Sprintf("slot %q has confirmed %s, beyond the journal watermark %s", r.cfg.Slot, slot.ConfirmedFlush, wm)
+	}
+	if gap == "" {
+		if src != cur {
+			if err := r.j.SetSource(ctx, gen, cur); err != nil {
+				return 0, err
+			}
+		}
+		return wm, nil
+	}
+	if !r.cfg.RecreateLostSlot {
+		return 0, &Error{Code: CodeSlotLost, Op: "resume replication",
+			Err: fmt.Errorf("changes may have been lost: %s", gap),
+			Fix: "restart with --recreate-lost-slot: walcast recreates the slot, journals a resync entry, and clients refetch their state; nothing is streamed until then"}
+	}
+	if slot.Exists {
+		if err := pglogrepl.DropReplicationSlot(ctx, conn, r.cfg.Slot, pglogrepl.DropReplicationSlotOptions{}); err != nil {
+			return 0, classifyStreamError("drop lost slot", err)
+		}
+	}
+	start, err := createSlot(ctx, conn, r.cfg.Slot)
+	if err != nil {
+		return 0, classifyStreamError("create slot", err)
+	}
+	if _, err := r.j.AppendResync(ctx, gen, journal.Resync{Reason: gap, Watermark: start, ResetWatermark: true, Source: &cur}); err != nil {
+		return 0, err
+	}
+	r.log.Warn("resync: recreated the slot and journaled a resync entry; clients will refetch", "reason", gap, "from", start.String())
+	return start, nil
+}
+
+// classifyStreamError gives errors from the replication protocol a code.
+func classifyStreamError(op string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "55006": // object_in_use: the slot is active for another PID
+			return &Error{Code: CodeSlotHeld, Op: op, Err: err,
+				Fix: "another process is streaming from this slot; walcast retries until it is released (a previous walsender may still be shutting down)"}
+		case "42704": // undefined_object: publication or slot missing
+			return &Error{Code: CodePublicationMissing, Op: op, Err: err,
+				Fix: "create the publication (see `walcast verify`), or check --publication and --slot"}
+		case "42501":
+			return &Error{Code: CodePrivilege, Op: op, Err: err, Fix: "ALTER ROLE … WITH REPLICATION; and GRANT SELECT on the published tables (see `walcast verify`)"}
+		case "55000":
+			return &Error{Code: CodeWalLevel, Op: op, Err: err, Fix: "set wal_level = logical and restart PostgreSQL (see `walcast verify`)"}
+		}
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// stream runs the receive loop (this goroutine: the only one that touches
+// conn) and the journal writer (one goroutine it owns) until ctx ends or
+// either fails.
+func (r *Replicator) stream(ctx context.Context, conn *pgconn.PgConn, gen int64, statusEvery time.Duration) error {
+	dec := decoder.New(decoder.Config{
+		JournalSchema: r.j.Schema(), MessagePrefix: r.cfg.MessagePrefix, TenantColumn: r.cfg.TenantColumn,
+		MemoryBudget: r.cfg.MemoryBudget, SpillDir: r.cfg.SpillDir,
+	})
+	q := newQueue(r.cfg.QueueMaxChanges)
+	wake := &waker{}
+	writerDone := make(chan error, 1)
+	go func() { writerDone <- r.writer(ctx, q, gen, wake) }()
+
+	loop := &streamLoop{r: r, conn: conn, dec: dec, q: q, wake: wake, writerDone: writerDone, statusEvery: statusEvery}
+	err := loop.run(ctx)
+
+	// Stop the writer: it finishes the batch in flight (journaled batches are
+	// durable and will be acknowledged below) and drops what is queued, which
+	// Postgres resends after the restart because it was never acknowledged.
+	q.close()
+	werr := loop.writerErr
+	if !loop.writerExited {
+		werr = <-writerDone
+	}
+	for _, it := range q.drain() {
+		it.release()
+	}
+	if derr := dec.Close(); derr != nil && err == nil {
+		err = derr
+	}
+	if err == nil && werr != nil {
+		err = werr
+	}
+	// Final status update with what is durable, when the connection still
+	// works (graceful shutdown).
+	if conn.IsClosed() {
+		return err
+	}
+	wm := decoder.LSN(r.watermark.Load())
+	if serr := sendStatus(context.WithoutCancel(ctx), conn, wm, false); serr == nil && ctx.Err() != nil {
+		r.log.Info("stopped; final status update sent", "watermark", wm.String())
+	}
+	return err
+}
+
+func sendStatus(ctx context.Context, conn *pgconn.PgConn, wm decoder.LSN, reply bool) error {
+	// Write, flush and apply are all set explicitly: pglogrepl would copy the
+	// write position into a zero flush position, and the server's live
+	// position must never be sent (DESIGN §4.4).
+	p := pglogrepl.LSN(wm)
+	return pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: p, WALFlushPosition: p, WALApplyPosition: p,
+		ClientTime: time.Now(), ReplyRequested: reply,
+	})
+}
+
+// streamLoop is the receive side of a session.
+type streamLoop struct {
+	r           *Replicator
+	conn        *pgconn.PgConn
+	dec         *decoder.Decoder
+	q           *queue
+	wake        *waker
+	writerDone  chan error
+	statusEvery time.Duration
+
+	writerExited bool
+	writerErr    error
+
+	sentWM     decoder.LSN
+	nextStatus time.Time
+	lastRecv   time.Time
+	txs        []*decoder.Transaction
+}
+
+func (l *streamLoop) run(ctx context.Context) error {
+	now := time.Now()
+	l.lastRecv = now
+	l.nextStatus = now
+	silence := 2 * l.statusEvery
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !l.writerExited {
+			select {
+			case err := <-l.writerDone:
+				l.writerExited, l.writerErr = true, err
+			default:
+			}
+		}
+		if l.writerExited {
+			if l.writerErr == nil {
+				return errors.New("journal writer stopped")
+			}
+			return l.writerErr
+		}
+		if err := l.maybeSendStatus(ctx); err != nil {
+			return err
+		}
+		if time.Since(l.lastRecv) > silence {
+			return fmt.Errorf("no message from the server for %s (more than twice the status interval); reconnecting", silence.Round(time.Second))
+		}
+		if l.q.full() {
+			// Back-pressure: stop reading WAL, keep the session alive with
+			// status updates until the writer drains the queue. The server
+			// does not time us out while our updates keep coming.
+			l.waitForRoom(ctx)
+			l.lastRecv = time.Now() // silence is ours, not the server's
+			continue
+		}
+		deadline := l.nextStatus
+		if d := l.lastRecv.Add(silence); d.Before(deadline) {
+			deadline = d
+		}
+		rctx, cancel := context.WithDeadline(ctx, deadline)
+		l.wake.arm(cancel)
+		msg, err := l.conn.ReceiveMessage(rctx)
+		l.wake.disarm()
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if pgconn.Timeout(err) || errors.Is(err, context.Canceled) {
+				continue // status due, or woken by a new watermark
+			}
+			return classifyStreamError("receive replication stream", err)
+		}
+		l.lastRecv = time.Now()
+		if err := l.handle(ctx, msg); err != nil {
+			return err
+		}
+	}
+}
+
+func (l *streamLoop) handle(ctx context.Context, msg pgproto3.BackendMessage) error {
+	switch msg := msg.(type) {
+	case *pgproto3.CopyData:
+		if len(msg.Data) == 0 {
+			return errors.New("empty CopyData from server")
+		}
+		switch msg.Data[0] {
+		case pglogrepl.XLogDataByteID:
+			x, err := pglogrepl.ParseXLogData(msg.Data[1:])
+			if err != nil {
+				return fmt.Errorf("parse XLogData: %w", err)
+			}
+			if x.ServerWALEnd > 0 {
+				l.r.serverEnd.Store(uint64(x.ServerWALEnd))
+			}
+			// The decoder only borrows WALData for the call, so the receive
+			// buffer is never copied.
+			if err := l.dec.Decode(decoder.LSN(x.WALStart), x.WALData); err != nil {
+				return err
+			}
+			l.txs = l.dec.Committed(l.txs[:0])
+			if len(l.txs) > 0 {
+				l.q.push(l.txs)
+				clear(l.txs)
+			}
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			k, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+			if err != nil {
+				return fmt.Errorf("parse keepalive: %w", err)
+			}
+			end := decoder.LSN(k.ServerWALEnd)
+			l.r.serverEnd.Store(uint64(end))
+			// Confirm the keepalive's position only when nothing is decoded
+			// but unjournaled: journal it as the watermark first, so the
+			// slot never runs ahead of the journal (DESIGN §4.4, §4.6).
+			if end > decoder.LSN(l.r.watermark.Load()) && l.dec.Idle() && l.q.idle() {
+				l.q.pushAdvance(end)
+			}
+			if k.ReplyRequested {
+				return l.sendStatus(ctx, false)
+			}
+		}
+	case *pgproto3.CopyDone:
+		return errors.New("the server ended the replication stream")
+	case *pgproto3.ErrorResponse:
+		return classifyStreamError("replication stream", pgconn.ErrorResponseToPgError(msg))
+	}
+	return nil
+}
+
+// maybeSendStatus sends a status update when the watermark moved or one is
+// due. When one is due and nothing is in flight it asks the server to reply,
+// so a keepalive with the server's position comes back and an idle slot
+// advances past WAL of unpublished tables.
+func (l *streamLoop) maybeSendStatus(ctx context.Context) error {
+	wm := decoder.LSN(l.r.watermark.Load())
+	due := !time.Now().Before(l.nextStatus)
+	if wm == l.sentWM && !due {
+		return nil
+	}
+	return l.sendStatus(ctx, due && l.dec.Idle() && l.q.idle())
+}
+
+func (l *streamLoop) sendStatus(ctx context.Context, reply bool) error {
+	wm := decoder.LSN(l.r.watermark.Load())
+	if err := sendStatus(ctx, l.conn, wm, reply); err != nil {
+		return fmt.Errorf("send status update: %w", err)
+	}
+	l.sentWM = wm
+	l.nextStatus = time.Now().Add(l.statusEvery)
+	return nil
+}
+
+// waitForRoom blocks until the queue has room, a status update is due, the
+// writer stops or ctx ends.
+func (l *streamLoop) waitForRoom(ctx context.Context) {
+	t := time.NewTimer(time.Until(l.nextStatus))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-l.q.room():
+	case <-t.C:
+	case err := <-l.writerDone:
+		l.writerExited, l.writerErr = true, err
+	}
+}
+
+// writer journals queued transactions in group-committed batches under
+// generation gen, publishing each new watermark to the loop.
+func (r *Replicator) writer(ctx context.Context, q *queue, gen int64, wake *waker) error {
+	// Appends are not cancelled by shutdown: the batch in flight completes so
+	// it can be acknowledged by the final status update.
+	actx := context.WithoutCancel(ctx)
+	for {
+		batch, ok := q.take(r.cfg.BatchMaxTxns, r.cfg.BatchMaxChanges, r.cfg.BatchMaxDelay)
+		if !ok {
+			return nil
+		}
+		res, err := r.appendBatch(actx, gen, batch)
+		for _, it := range batch {
+			it.release()
+		}
+		q.done(len(batch))
+		if err != nil {
+			return err
+		}
+		if decoder.LSN(r.watermark.Load()) < res.Watermark {
+			r.watermark.Store(uint64(res.Watermark))
+		}
+		wake.wake()
+	}
+}
+
+func (r *Replicator) appendBatch(ctx context.Context, gen int64, batch []queueItem) (journal.AppendResult, error) {
+	if len(batch) == 1 && batch[0].tx == nil {
+		return r.j.Advance(ctx, gen, batch[0].advance)
+	}
+	txs := make([]*decoder.Transaction, 0, len(batch))
+	var adv decoder.LSN
+	for _, it := range batch {
+		if it.tx != nil {
+			txs = append(txs, it.tx)
+		} else if it.advance > adv {
+			adv = it.advance
+		}
+	}
+	res, err := r.j.Append(ctx, gen, txs)
+	if err != nil {
+		return res, err
+	}
+	r.stats.Batches.Add(1)
+	r.stats.Transactions.Add(uint64(res.Transactions))
+	r.stats.Changes.Add(uint64(res.Entries))
+	if adv > res.Watermark {
+		return r.j.Advance(ctx, gen, adv)
+	}
+	return res, nil
+}
