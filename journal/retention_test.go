@@ -108,7 +108,9 @@ func TestRetentionRunner(t *testing.T) {
 	appendN(t, j, gen, &lsn, "public.a", 20)
 	ctx, cancel := context.WithCancel(testCtx(t))
 	done := make(chan error, 1)
-	go func() { done <- j.RunRetention(ctx, Retention{MaxRows: 5}, 10*time.Millisecond, func(err error) { t.Error(err) }) }()
+	go func() {
+		done <- j.RunRetention(ctx, Retention{MaxRows: 5}, 10*time.Millisecond, func(err error) { t.Error(err) })
+	}()
 	waitFor(t, "background pruning", func() bool {
 		st, err := j.State(testCtx(t))
 		return err == nil && st.Rows == 5
