@@ -527,10 +527,11 @@ type streamLoop struct {
 	writerExited bool
 	writerErr    error
 
-	sentWM     decoder.LSN
-	nextStatus time.Time
-	lastRecv   time.Time
-	txs        []*decoder.Transaction
+	sentWM      decoder.LSN
+	nextStatus  time.Time
+	lastAdvance time.Time
+	lastRecv    time.Time
+	txs         []*decoder.Transaction
 }
 
 func (l *streamLoop) run(ctx context.Context) error {
@@ -629,8 +630,13 @@ func (l *streamLoop) handle(ctx context.Context, msg pgproto3.BackendMessage) er
 			// Confirm the keepalive's position only when nothing is decoded
 			// but unjournaled: journal it as the watermark first, so the
 			// slot never runs ahead of the journal (DESIGN §4.4, §4.6).
-			if end > decoder.LSN(l.r.watermark.Load()) && l.dec.Idle() && l.q.idle() {
+			// At most one such advance per half status interval: when the
+			// journal lives in the source database, each advance is WAL
+			// that brings another keepalive.
+			if end > decoder.LSN(l.r.watermark.Load()) && l.dec.Idle() && l.q.idle() &&
+				time.Since(l.lastAdvance) >= l.statusEvery/2 {
 				l.q.pushAdvance(end)
+				l.lastAdvance = time.Now()
 			}
 			if k.ReplyRequested {
 				return l.sendStatus(ctx, false)
