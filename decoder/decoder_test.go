@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 const head = `","commitLsn":"0/2000","xid":700,"commitTime":"2026-11-29T23:21:24.123456Z"`
@@ -477,5 +478,38 @@ func TestMalformed(t *testing.T) {
 	}
 	if err := d.Decode(3, nil); !errors.Is(err, ErrTruncated) {
 		t.Errorf("empty payload: %v", err)
+	}
+}
+
+// TestPayloadNotRetained decodes every message from one reused buffer,
+// scribbling over it after each call: the output must not change.
+func TestPayloadNotRetained(t *testing.T) {
+	d := New(Config{SpillDir: t.TempDir(), TenantColumn: "name", Now: func() time.Time { return testTime }})
+	defer d.Close()
+	buf := make([]byte, 0, 4096)
+	msgs := [][]byte{
+		typeMsg(false, 0, 20001, "public", "mood"),
+		beginMsg(700, 0x1F00),
+		relationMsg(false, 0, 16400, "public", "users", 'd', usersCols...),
+		insertMsg(false, 0, 16400, "1", "ann", `{"a": [1, 2]}`),
+		messageMsg(false, 0, true, 0x1030, "walcast.evt", `{"k":"v"}`),
+		commitMsg(0x1F00, 0x2000),
+	}
+	for i, m := range msgs {
+		buf = append(buf[:0], m...)
+		if err := d.Decode(LSN(0x1000+i*0x10), buf); err != nil {
+			t.Fatal(err)
+		}
+		for j := range buf {
+			buf[j] = 'X'
+		}
+	}
+	got := bodies(t, d.Committed(nil)[0])
+	want := []string{
+		`{"lsn":"0/1030` + head + `,"entity":"public.users","op":"insert","key":{"id":1},"after":{"id":1,"name":"ann","doc":{"a": [1, 2]}},"tenant":"ann"}`,
+		`{"lsn":"0/1040` + head + `,"entity":"walcast.evt","op":"message","prefix":"walcast.evt","content":{"k":"v"},"transactional":true}`,
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -2,7 +2,6 @@ package decoder
 
 import (
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"strconv"
 	"time"
@@ -302,7 +301,7 @@ func appendLSN(b []byte, l LSN) []byte {
 
 func base64StdAppend(dst, src []byte) []byte { return base64.StdEncoding.AppendEncode(dst, src) }
 
-func jsonValid(b []byte) bool { return len(b) > 0 && json.Valid(b) }
+func jsonValid(b []byte) bool { return len(b) > 0 && validJSON(b) }
 
 // errClosed is returned by iterating a transaction after Close.
 var errClosed = errors.New("decoder: transaction used after Close")

@@ -2,7 +2,6 @@ package decoder
 
 import (
 	"encoding/base64"
-	"encoding/json"
 	"time"
 	"unicode/utf8"
 )
@@ -156,7 +155,7 @@ func appendScalar(dst []byte, k kind, v []byte, scratch *[]byte) []byte {
 			return append(dst, v...)
 		}
 	case kJSON:
-		if json.Valid(v) {
+		if validJSON(v) {
 			return append(dst, v...)
 		}
 	case kBytea:
@@ -440,16 +439,26 @@ func appendTimestamp(dst, v []byte, tz bool) ([]byte, bool) {
 	return append(dst, '"'), true
 }
 
+// plainASCII marks bytes that stand for themselves inside a JSON string.
+var plainASCII = func() (t [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
 // appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD.
 func appendString(dst, s []byte) []byte {
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; i < len(s); {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
+		for i < len(s) && plainASCII[s[i]] {
 			i++
-			continue
 		}
+		if i == len(s) {
+			break
+		}
+		c := s[i]
 		if c >= utf8.RuneSelf {
 			r, size := utf8.DecodeRune(s[i:])
 			if r == utf8.RuneError && size == 1 {

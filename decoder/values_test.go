@@ -66,3 +66,29 @@ func TestAppendValue(t *testing.T) {
 		}
 	}
 }
+
+// FuzzValidJSON checks the hot-path validator against encoding/json.
+func FuzzValidJSON(f *testing.F) {
+	for _, s := range []string{`{"a": [1, 2.5e-3, "x\u00e9\n"], "b": null}`, `[]`, ` true `, `{"a":}`, `"\x01"`, `01`, `-`, `[1,]`,
+		`{"a":1,}`, `"\ud800"`, `"\uzzzz"`, `1e`, `[[[[[[]]]]]]`, `{"a" 1}`, "\"\xff\"", `nul`, `-0.0e+1`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if got, want := validJSON(b), json.Valid(b); got != want {
+			t.Fatalf("validJSON(%q) = %v, json.Valid = %v", b, got, want)
+		}
+	})
+}
+
+func TestValidJSONDeep(t *testing.T) {
+	deep := make([]byte, 0, 2000)
+	for i := 0; i < 1000; i++ {
+		deep = append(deep, '[')
+	}
+	for i := 0; i < 1000; i++ {
+		deep = append(deep, ']')
+	}
+	if !validJSON(deep) || validJSON(deep[:1999]) {
+		t.Fatal("deep nesting misjudged")
+	}
+}
