@@ -225,6 +225,31 @@ CREATE PUBLICATION p FOR ALL TABLES;`,
 			}
 		},
 	},
+	{
+		name: "column_list",
+		setup: `
+CREATE TABLE cl (id int PRIMARY KEY, a text, secret text, b int);
+CREATE TABLE other (id int PRIMARY KEY);
+CREATE PUBLICATION p FOR TABLE cl (id, a, b);`,
+		steps: []step{
+			s0(`INSERT INTO cl VALUES (1, 'x', 'hidden', 2)`),
+			s0(`INSERT INTO other VALUES (1)`),
+			s0(`UPDATE cl SET secret = 'still hidden', a = 'y' WHERE id = 1`),
+			s0(`DELETE FROM cl`),
+		},
+		check: func(t *testing.T, txs []*Transaction) {
+			envs := envelopes(t, txs)
+			if len(envs) != 3 {
+				t.Fatalf("%d envelopes, want 3", len(envs))
+			}
+			if got := compact(envs[0].After); got != `{"a":"x","b":2,"id":1}` {
+				t.Errorf("insert after %s", got)
+			}
+			if got := compact(envs[1].After); got != `{"a":"y","b":2,"id":1}` {
+				t.Errorf("update after %s", got)
+			}
+		},
+	},
 	partitionScenario("partition", false),
 	partitionScenario("partition_root", true),
 	{

@@ -18,7 +18,10 @@ type Config struct {
 	TenantColumn string
 	// MemoryBudget bounds, in bytes, the encoded changes of all in-progress
 	// transactions held in memory; past it the largest is moved to a spill
-	// file. Default 64 MiB.
+	// file, and every later change of it goes straight to the file. Default
+	// 64 MiB. It counts encoded envelope bytes plus a per-change overhead;
+	// buffer capacity can make the heap in use up to about twice that.
+	// Committed transactions are not counted: they belong to the caller.
 	MemoryBudget int64
 	// SpillDir is where spill files are created. Default os.TempDir().
 	SpillDir string
@@ -32,6 +35,21 @@ const defaultMemoryBudget = 64 << 20
 // Decoder turns pgoutput (protocol version 2, streaming and messages on)
 // payloads into committed transactions. It is not safe for concurrent use:
 // the replication loop owns it.
+//
+// The replication loop feeds it every XLogData payload and takes what
+// committed, in commit order, to batch into journal appends:
+//
+//	dec := decoder.New(decoder.Config{MemoryBudget: 64 << 20})
+//	defer dec.Close()
+//	for each XLogData x {
+//		if err := dec.Decode(decoder.LSN(x.WALStart), x.WALData); err != nil { ... reconnect, dec.Reset() }
+//		txs = dec.Committed(txs[:0]) // hand to the journal; Close each once journaled
+//	}
+//
+// Each Transaction carries its xid, the commit record's LSN, the commit's
+// end LSN (the position to acknowledge once journaled) and commit time, and
+// its changes, each with its complete envelope body minus the sequence
+// fields the journal assigns.
 type Decoder struct {
 	cfg Config
 
@@ -146,6 +164,12 @@ func (d *Decoder) Decode(walStart LSN, data []byte) error {
 // Committed appends the transactions committed since the last call to dst,
 // in commit order, and returns it. The caller owns them and must Close each
 // once it is journaled or discarded (spilled ones hold a file).
+//
+// A transaction whose every change was dropped (journal schema, messages
+// with another prefix) is still returned, with Len 0, so that its EndLSN
+// can be journaled as the watermark and acknowledged. A non-transactional
+// logical message is returned as a transaction of its own with Xid 0 and
+// CommitLSN = EndLSN = the message's LSN.
 func (d *Decoder) Committed(dst []*Transaction) []*Transaction {
 	dst = append(dst, d.committed...)
 	clear(d.committed)
