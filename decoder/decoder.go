@@ -509,7 +509,12 @@ func (d *Decoder) appendTenant(buf []byte, rel *relation, typ, oldKind byte, old
 		tv = old[i]
 	default:
 		tv = d.tup[i]
-		if tv.kind == 'u' && old != nil {
+		if tv.kind == 'u' {
+			// An unchanged TOASTed tenant: known only if the old row
+			// carries it (a 'K' old row has nulls outside the key).
+			if old == nil || (old[i].kind != 't' && old[i].kind != 'b') {
+				return TenantUnresolved, "", buf
+			}
 			tv = old[i]
 		}
 	}

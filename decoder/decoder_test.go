@@ -190,6 +190,7 @@ func TestTenant(t *testing.T) {
 		insertMsg(false, 0, 1, "1", "acme", "x"),
 		insertMsg(false, 0, 1, "2", nil, "x"),
 		updateMsg(false, 0, 1, 0, nil, "1", unchangedToast, "y"),
+		updateMsg(false, 0, 1, 'K', []any{"9", nil, nil}, "1", unchangedToast, "y"),
 		deleteMsg(false, 0, 1, 'K', "1", nil, nil),
 		insertMsg(false, 0, 2, "1"),
 		deleteMsg(false, 0, 3, 'O', "1", "acme"),
@@ -208,8 +209,8 @@ func TestTenant(t *testing.T) {
 		states = append(states, c.TenantState)
 		tenants = append(tenants, c.Tenant)
 	}
-	wantS := []TenantState{TenantKnown, TenantNone, TenantUnresolved, TenantUnresolved, TenantNone, TenantKnown}
-	wantT := []string{"acme", "", "", "", "", "acme"}
+	wantS := []TenantState{TenantKnown, TenantNone, TenantUnresolved, TenantUnresolved, TenantUnresolved, TenantNone, TenantKnown}
+	wantT := []string{"acme", "", "", "", "", "", "acme"}
 	if !reflect.DeepEqual(states, wantS) || !reflect.DeepEqual(tenants, wantT) {
 		t.Fatalf("states %v tenants %q", states, tenants)
 	}
@@ -511,5 +512,20 @@ func TestPayloadNotRetained(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestSpillDirError(t *testing.T) {
+	d := New(Config{MemoryBudget: 10, SpillDir: "/nonexistent/walcast-spill"})
+	defer d.Close()
+	var err error
+	for _, m := range [][]byte{beginMsg(1, 2), relationMsg(false, 0, 1, "s", "t", 'd', col{"id", 23, true}), insertMsg(false, 0, 1, "1")} {
+		if err = d.Decode(1, m); err != nil {
+			break
+		}
+	}
+	var pe *ProtocolError
+	if err == nil || errors.As(err, &pe) || !strings.Contains(err.Error(), "spill") {
+		t.Fatalf("err = %v, want a spill file error", err)
 	}
 }
