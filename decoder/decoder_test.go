@@ -529,3 +529,33 @@ func TestSpillDirError(t *testing.T) {
 		t.Fatalf("err = %v, want a spill file error", err)
 	}
 }
+
+// TestStreamedTypeTruncateMessage: Type, Truncate and transactional Message
+// messages inside a stream carry the xid prefix; a subtransaction abort
+// removes its message and truncate too.
+func TestStreamedTypeTruncateMessage(t *testing.T) {
+	f := newFeeder(t, Config{})
+	f.feed(
+		streamStartMsg(10, true),
+		typeMsg(true, 10, 20002, "public", "_mood"),
+		relationMsg(true, 10, 1, "public", "t", 'd', col{"id", 23, true}, col{"ms", 20002, false}),
+		insertMsg(true, 10, 1, "1", "{a,b}"),
+		messageMsg(true, 10, true, 0x1030, "walcast.keep", `1`),
+		messageMsg(true, 11, true, 0x1040, "walcast.gone", `2`),
+		truncateMsg(true, 11, 2, 1),
+		truncateMsg(true, 12, 1, 1),
+		streamStopMsg(),
+		streamAbortMsg(10, 11),
+		streamCommitMsg(10, 0x1F00, 0x2000),
+	)
+	got := f.take()
+	h := `","commitLsn":"0/2000","xid":10,"commitTime":"2026-11-29T23:21:24.123456Z"`
+	want := [][]string{{
+		`{"lsn":"0/1030` + h + `,"entity":"public.t","op":"insert","key":{"id":1},"after":{"id":1,"ms":["a","b"]}}`,
+		`{"lsn":"0/1040` + h + `,"entity":"walcast.keep","op":"message","prefix":"walcast.keep","content":1,"transactional":true}`,
+		`{"lsn":"0/1070` + h + `,"entity":"public.t","op":"truncate","truncate":{"cascade":true,"restartIdentity":false}}`,
+	}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got\n%q\nwant\n%q", got, want)
+	}
+}
