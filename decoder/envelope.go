@@ -7,6 +7,55 @@
 // It is pure: it imports no other walcast package and no network code. It is
 // fed raw XLogData payloads by the replication loop and its output is consumed
 // by the journal.
+//
+// # Envelopes
+//
+// key holds the relation's replica-identity columns (every column under
+// REPLICA IDENTITY FULL) taken from the new row, or from the old row for a
+// delete; it is absent when the relation has none. before is the old row
+// exactly as Postgres sent it: the key columns for a key-only ('K') old row,
+// the whole row under FULL, absent when none was sent. An unchanged TOASTed
+// column Postgres did not send is listed in unchanged and left out of after,
+// never null — unless the old row (FULL) carries its value, which is then
+// used. A logical decoding message's entity is its prefix.
+//
+// # Values
+//
+// Column values become JSON by these rules (DESIGN §3), applied to the text
+// form Postgres sends under the
+// session settings the replication connection fixes (TimeZone=UTC,
+// DateStyle=ISO, IntervalStyle=iso_8601, extra_float_digits=3,
+// bytea_output=hex):
+//
+//   - bool: true/false.
+//   - int2, int4, oid, xid, cid: JSON numbers.
+//   - int8: a JSON number when -2^53 <= v <= 2^53 (every such integer is an
+//     exact float64), otherwise a JSON string of its decimal digits.
+//   - numeric: a JSON number when the value is an integer with
+//     |v| <= 2^53, or has at most 15 significant digits (any decimal of 15
+//     significant digits survives a round trip through float64 and back to
+//     the shortest decimal) and lies within 1e-300..1e300; otherwise a JSON
+//     string of its exact text. NaN and ±Infinity are strings.
+//   - float4, float8: JSON numbers in Postgres's shortest exact form;
+//     NaN, Infinity and -Infinity are strings.
+//   - json, jsonb: embedded as JSON.
+//   - bytea: the bytes in standard base64.
+//   - timestamptz: RFC 3339 in UTC with exactly six fractional digits,
+//     "2026-11-29T23:21:24.123456Z". timestamp (without time zone): the same
+//     form without a zone designator, "2026-11-29T23:21:24.123456", because it
+//     names no instant. 'infinity', '-infinity', BC dates and years beyond
+//     9999 are strings of Postgres's text.
+//   - arrays of any of these: JSON arrays, nested per dimension, NULL
+//     elements as null. An array with explicit bounds ("[0:1]={...}") is
+//     a string of its text, since JSON arrays cannot carry lower bounds.
+//   - arrays of enums and other user types (pgoutput Type messages name them
+//     "_name"): arrays of strings.
+//   - everything else — text, varchar, uuid, inet, interval, bit strings,
+//     ranges, date, time, enums, domains, composites, unknown OIDs: a JSON
+//     string of the text.
+//
+// Whenever a value does not have the form its type promises, it is written as
+// a JSON string of its text rather than as invalid JSON.
 package decoder
 
 import (
