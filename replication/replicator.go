@@ -698,7 +698,12 @@ func (r *Replicator) writer(ctx context.Context, q *queue, gen int64, wake *wake
 		if !ok {
 			return nil
 		}
+		start := time.Now()
 		res, err := r.appendBatch(actx, gen, batch)
+		if err == nil && r.log.Enabled(ctx, slog.LevelDebug) {
+			r.log.Debug("journal batch", "items", len(batch), "transactions", res.Transactions, "skipped", res.Skipped,
+				"entries", res.Entries, "watermark", res.Watermark.String(), "took", time.Since(start))
+		}
 		for _, it := range batch {
 			it.release()
 		}

@@ -13,7 +13,14 @@ import (
 	"github.com/walcast/walcast/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+func TestMain(m *testing.M) {
+	// Process-level tests re-execute this binary as walcast itself.
+	if os.Getenv("WALCAST_TEST_EXEC") == "1" {
+		main()
+		return
+	}
+	os.Exit(pgtest.Main(m))
+}
 
 // walcast runs the CLI in-process with the given environment and returns its
 // exit code and output.

@@ -104,8 +104,14 @@ func runReplicator(ctx context.Context, log *slog.Logger, rc replication.Config,
 				log.Error("preflight: "+c.Found, "check", c.ID, "fix", c.Fix, "blocking", c.Blocking)
 			}
 		}
-		if b := report.Blocking(); len(b) > 0 {
-			return withCode(exitUsage, fmt.Errorf("run: replication is impossible until this is fixed: %s\nfix: %s", b[0].Found, b[0].Fix))
+		for _, b := range report.Blocking() {
+			// The slot's own state (lost, vanished) is the replicator's to
+			// handle: it may recreate it (--recreate-lost-slot) or stop
+			// with a precise error.
+			if b.ID == "slot" {
+				continue
+			}
+			return withCode(exitUsage, fmt.Errorf("run: replication is impossible until this is fixed: %s\nfix: %s", b.Found, b.Fix))
 		}
 	}
 	j, err := journal.Open(ctx, journal.Config{URL: journalURL, Schema: schema})
