@@ -137,8 +137,8 @@ func readAll(t testing.TB, j *Journal, q Query) ([]Entry, string) {
 			t.Fatalf("unexpected resync (%s)", res.Reason)
 		}
 		all = append(all, res.Changes...)
-		q.Cursor = res.Cursor
-		if len(res.Changes) == 0 {
+		q.Cursor, q.FromOldest = res.Cursor, false
+		if !res.More {
 			return all, q.Cursor
 		}
 	}

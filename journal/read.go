@@ -74,11 +74,15 @@ const (
 type Result struct {
 	// Changes are the entries after the cursor, in seq order, at most Limit.
 	Changes []Entry
-	// Cursor continues the read: after the last change returned, or at the
-	// horizon when fewer than Limit matched (so a filtered reader keeps up
-	// with the log even when nothing matches). Unchanged when
-	// ResyncRequired.
+	// Cursor continues the read: after the last change returned or, when
+	// fewer than Limit matched, after the last entry scanned (the horizon,
+	// or the end of the bounded scan window of a filtered read), so a
+	// filtered reader keeps up with the log even when nothing matches.
+	// Unchanged when ResyncRequired.
 	Cursor string
+	// More says entries exist beyond Cursor: read again at once rather than
+	// Wait. (A filtered read can return no changes and More.)
+	More bool
 	// ResyncRequired: the reader's position is lost (Reason says why); its
 	// state must be refetched and the read resumed from ResyncCursor, which
 	// is at the current horizon. Changes is empty.
@@ -159,11 +163,15 @@ func (j *Journal) Changes(ctx context.Context, q Query) (Result, error) {
 		return res, nil
 	}
 	res.Changes = rows.entries
-	pos := rows.horizon
+	// Every entry in (start, min(start+window, horizon)] was scanned in the
+	// read's snapshot; with fewer than limit matches the cursor moves to the
+	// end of that range, so a filtered reader keeps up with the log.
+	pos := min(rows.start+rows.window, rows.horizon)
 	if len(rows.entries) == limit {
 		pos = rows.entries[len(rows.entries)-1].Seq
 	}
 	res.Cursor = j.cursorAt(pos, sh)
+	res.More = pos < rows.horizon
 	return res, nil
 }
 
@@ -185,8 +193,17 @@ func (j *Journal) cursorAt(pos int64, scopeHash [16]byte) string {
 
 type readRows struct {
 	horizon, floor, resyncSeq int64
+	start                     int64 // position the read started after
+	window                    int64 // entries (start, start+window] were scanned
 	entries                   []Entry
 }
+
+// scanWindow bounds how many entries one read scans: seq is contiguous, so
+// an unfiltered read of limit entries touches exactly limit rows, and a
+// filtered one at most this many, whatever the distance to the horizon. (The
+// entries table has no index by entity: it would cost every append more than
+// it saves these reads.)
+func scanWindow(limit int) int64 { return int64(limit) + 20000 }
 
 // readEntries reads the bookkeeping and up to limit matching entries after
 // the start position in one statement, hence one snapshot. With start nil it
@@ -194,7 +211,7 @@ type readRows struct {
 // entry is read when the start position needs a resync.
 func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, fromOldest bool, limit int) (readRows, error) {
 	var filter strings.Builder
-	args := []any{start, fromOldest, limit}
+	args := []any{start, fromOldest, limit, scanWindow(limit)}
 	if len(sc.entities) > 0 {
 		args = append(args, sc.entities)
 		fmt.Fprintf(&filter, " AND e.entity = ANY($%d::text[])", len(args))
@@ -207,13 +224,17 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, fromO
 	default:
 		filter.WriteString(" AND e.tenant IS NULL AND NOT e.tenant_unknown")
 	}
-	sql := `SELECT m.next_seq - 1, r.floor, m.resync_seq,
+	// The bookkeeping subquery is LIMIT 1 so the planner knows it is one row
+	// (the singleton tables have no useful statistics), which keeps the
+	// entries scan a parameterized index scan on seq.
+	sql := `SELECT b.horizon, b.floor, b.resync_seq, b.start,
 		e.seq, e.entity, e.entity_seq, e.tenant, e.tenant_unknown, e.op, e.lsn, e.commit_lsn, e.commit_time, e.envelope
-	FROM ` + j.sql.meta + ` m CROSS JOIN ` + j.sql.retention + ` r
-	CROSS JOIN LATERAL (SELECT coalesce($1::bigint, CASE WHEN $2::boolean THEN greatest(r.floor - 1, m.resync_seq) ELSE m.next_seq - 1 END) AS start) s
+	FROM (SELECT m.next_seq - 1 AS horizon, r.floor, m.resync_seq,
+			coalesce($1::bigint, CASE WHEN $2::boolean THEN greatest(r.floor - 1, m.resync_seq) ELSE m.next_seq - 1 END) AS start
+		FROM ` + j.sql.meta + ` m, ` + j.sql.retention + ` r LIMIT 1) b
 	LEFT JOIN LATERAL (
 		SELECT * FROM ` + j.sql.entries + ` e
-		WHERE e.seq > s.start AND s.start >= r.floor - 1 AND s.start >= m.resync_seq AND s.start < m.next_seq` + filter.String() + `
+		WHERE e.seq > b.start AND e.seq <= b.start + $4 AND b.start >= b.floor - 1 AND b.start >= b.resync_seq AND b.start <= b.horizon` + filter.String() + `
 		ORDER BY e.seq LIMIT $3
 	) e ON true
 	ORDER BY e.seq`
@@ -228,7 +249,7 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, fromO
 		return readRows{}, err
 	}
 	defer rows.Close()
-	var out readRows
+	out := readRows{window: scanWindow(limit)}
 	for rows.Next() {
 		var (
 			seq, entitySeq, lsn, commitLSN *int64
@@ -237,7 +258,7 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, fromO
 			commitTime                     *time.Time
 			env                            []byte
 		)
-		if err := rows.Scan(&out.horizon, &out.floor, &out.resyncSeq,
+		if err := rows.Scan(&out.horizon, &out.floor, &out.resyncSeq, &out.start,
 			&seq, &entity, &entitySeq, &tenant, &unknown, &opv, &lsn, &commitLSN, &commitTime, &env); err != nil {
 			return readRows{}, err
 		}

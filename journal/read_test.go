@@ -500,7 +500,7 @@ func TestPollingSeesEveryEntryOnce(t *testing.T) {
 				q.Cursor, q.FromOldest = res.Cursor, false
 				p, _ := readerJ.CursorPosition(res.Cursor)
 				r.pos.Store(p)
-				if len(res.Changes) == 0 {
+				if !res.More {
 					select {
 					case <-appDone:
 						if p >= appended.Load() {

@@ -83,8 +83,10 @@ func (j *Journal) pruneBatch(ctx context.Context, r Retention) (n, bytes, floor 
 			return errStop
 		}
 		// Walk the oldest entries (never the newest) and decide how far to cut.
+		// seq is contiguous: the batch is exactly [floor, floor+BatchSize).
+		upto := min(floor+int64(r.BatchSize)-1, horizon-1)
 		q, err := tx.Query(ctx, "SELECT seq, size, commit_time FROM "+j.sql.entries+
-			" WHERE seq >= $1 AND seq < $2 ORDER BY seq LIMIT $3", floor, horizon, r.BatchSize)
+			" WHERE seq >= $1 AND seq <= $2 ORDER BY seq", floor, upto)
 		if err != nil {
 			return err
 		}

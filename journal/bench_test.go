@@ -1,0 +1,150 @@
+package journal
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/walcast/walcast/decoder"
+)
+
+// benchBatch builds a batch of n changes (~300-byte envelopes once
+// sequenced) over 10 entities, 10 changes per source transaction, starting
+// after *lsn.
+func benchBatch(n int, lsn *decoder.LSN) []*decoder.Transaction {
+	var txs []*decoder.Transaction
+	for i := 0; i < n; {
+		var cs []chg
+		for k := 0; k < 10 && i < n; k++ {
+			c := ins(fmt.Sprintf("public.bench_%d", i%10), i)
+			c.pad = 128
+			cs = append(cs, c)
+			i++
+		}
+		*lsn += 1000
+		txs = append(txs, mkTx(uint32(*lsn), *lsn, testEpoch, cs...))
+	}
+	return txs
+}
+
+// copyData encodes a batch as the COPY data the journal would send, for
+// the bare COPY baseline.
+func copyData(txs []*decoder.Transaction, firstSeq int64) []byte {
+	src := &copySource{txs: txs, next: firstSeq, base: map[string]entityState{}, dirty: map[string]entityState{}}
+	data, err := io.ReadAll(src)
+	if err != nil {
+		panic(err)
+	}
+	return data
+}
+
+// BenchmarkAppend appends batches of 1, 100, 1,000 and 10,000 ~300-byte
+// envelopes. Each iteration also COPYs the same rows — the very bytes the
+// journal sends, encoded beforehand, so the baseline does no Go work at all
+// — into an unindexed copy of the entries table (the baseline), and into one
+// with the entries table's indexes (to separate the indexes' cost from the
+// rest: envelope building, meta row, entity seqs, notify, one extra round
+// trip). Reported: envelopes/s of each and the ratio of the
+// journal's throughput to the bare COPY's.
+func BenchmarkAppend(b *testing.B) {
+	for _, n := range []int{1, 100, 1000, 10000} {
+		b.Run(fmt.Sprintf("batch=%d", n), func(b *testing.B) {
+			j, gen, _ := newJournal(b)
+			ctx := context.Background()
+			conn, err := j.pool.acquire(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer j.pool.release(conn)
+			for _, s := range []string{
+				"CREATE TABLE bare (LIKE " + j.sql.entries + ")",
+				"CREATE TABLE indexed (LIKE " + j.sql.entries + " INCLUDING ALL)",
+			} {
+				if _, err := conn.Exec(ctx, s); err != nil {
+					b.Fatal(err)
+				}
+			}
+			cols := " (" + strings.Join(entryColumns, ", ") + ") FROM STDIN (FORMAT binary)"
+			bareCopy, indexedCopy := "COPY bare"+cols, "COPY indexed"+cols
+			var lsn decoder.LSN
+			var seq int64 = 1
+			var tJournal, tBare, tIndexed time.Duration
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				txs := benchBatch(n, &lsn)
+				data := copyData(txs, seq)
+				b.StartTimer()
+
+				start := time.Now()
+				res, err := j.Append(ctx, gen, txs)
+				tJournal += time.Since(start)
+				if err != nil || res.Entries != n {
+					b.Fatalf("%+v %v", res, err)
+				}
+				start = time.Now()
+				if _, err := conn.PgConn().CopyFrom(ctx, bytes.NewReader(data), bareCopy); err != nil {
+					b.Fatal(err)
+				}
+				tBare += time.Since(start)
+				start = time.Now()
+				if _, err := conn.PgConn().CopyFrom(ctx, bytes.NewReader(data), indexedCopy); err != nil {
+					b.Fatal(err)
+				}
+				tIndexed += time.Since(start)
+				seq += int64(n)
+			}
+			b.StopTimer()
+			env := float64(b.N * n)
+			b.ReportMetric(env/tJournal.Seconds(), "journal-env/s")
+			b.ReportMetric(env/tBare.Seconds(), "bare-copy-env/s")
+			b.ReportMetric(env/tIndexed.Seconds(), "indexed-copy-env/s")
+			b.ReportMetric(tBare.Seconds()/tJournal.Seconds(), "journal/bare")
+		})
+	}
+}
+
+// BenchmarkRead reads a 20,000-entry journal by cursor, 1,000 per page:
+// unfiltered, one entity of ten, and tenant-scoped.
+func BenchmarkRead(b *testing.B) {
+	j, gen, _ := newJournal(b)
+	ctx := context.Background()
+	var lsn decoder.LSN
+	for k := 0; k < 20; k++ {
+		if _, err := j.Append(ctx, gen, benchBatch(1000, &lsn)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		q    Query
+	}{
+		{"all", Query{AllTenants: true}},
+		{"one-entity", Query{Entities: []string{"public.bench_3"}, AllTenants: true}},
+		{"tenant", Query{Tenant: "acme"}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			got := 0
+			for i := 0; i < b.N; i++ {
+				q := c.q
+				q.FromOldest, q.Limit = true, 1000
+				for {
+					res, err := j.Changes(ctx, q)
+					if err != nil || res.ResyncRequired {
+						b.Fatalf("%v %+v", err, res)
+					}
+					got += len(res.Changes)
+					if !res.More {
+						break
+					}
+					q.Cursor, q.FromOldest = res.Cursor, false
+				}
+			}
+			b.ReportMetric(float64(got)/b.Elapsed().Seconds(), "env/s")
+		})
+	}
+}

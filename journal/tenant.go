@@ -1,0 +1,88 @@
+package journal
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/walcast/walcast/decoder"
+)
+
+// tenantRes is what is known of a key's tenant: found says a change of the
+// key is known (journaled or earlier in the batch); tenant is nil when that
+// change had no tenant.
+type tenantRes struct {
+	found  bool
+	tenant *string
+}
+
+// lookupTenants finds, for every key of a key-only change with an unresolved
+// tenant, the tenant of the newest journaled change of that key. It returns
+// nil when the batch has no such change (the common case: one cheap pass over
+// in-memory changes). The map is entity → key → resolution and also covers
+// keys resolved later in the batch itself (copySource updates it).
+func (j *Journal) lookupTenants(ctx context.Context, tx querier, txs []*decoder.Transaction) (map[string]map[string]*tenantRes, error) {
+	var ents, keys []string
+	var hashes []int64
+	var m map[string]map[string]*tenantRes
+	for _, t := range txs {
+		it := t.Changes()
+		for it.Next() {
+			c := it.Change()
+			if c.TenantState != decoder.TenantUnresolved || c.Key == nil {
+				continue
+			}
+			if m == nil {
+				m = map[string]map[string]*tenantRes{}
+			}
+			km := m[c.Entity]
+			if km == nil {
+				km = map[string]*tenantRes{}
+				m[c.Entity] = km
+			}
+			if _, ok := km[string(c.Key)]; ok {
+				continue
+			}
+			km[string(c.Key)] = &tenantRes{}
+			ents = append(ents, c.Entity)
+			keys = append(keys, string(c.Key))
+			hashes = append(hashes, keyHash(c.Entity, c.Key))
+		}
+		if err := it.Err(); err != nil {
+			return nil, fmt.Errorf("read transaction %d: %w", t.Xid, err)
+		}
+	}
+	if m == nil {
+		return nil, nil
+	}
+	rows, err := tx.Query(ctx, `SELECT u.entity, u.key, l.tenant FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(entity, key, h)
+		JOIN LATERAL (SELECT e.tenant FROM `+j.sql.entries+` e
+			WHERE e.key_hash = u.h AND e.entity = u.entity AND e.key = u.key AND NOT e.tenant_unknown
+			ORDER BY e.seq DESC LIMIT 1) l ON true`, ents, keys, hashes)
+	if err != nil {
+		return nil, err
+	}
+	var e, k string
+	var tenant *string
+	_, err = pgx.ForEachRow(rows, []any{&e, &k, &tenant}, func() error {
+		m[e][k] = &tenantRes{found: true, tenant: tenant}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("resolve tenants: %w", err)
+	}
+	return m, nil
+}
+
+// keyHash is a stable 64-bit hash of entity and key, indexed to find the
+// newest change of a key without indexing keys themselves (which can exceed a
+// btree entry under REPLICA IDENTITY FULL).
+func keyHash(entity string, key []byte) int64 {
+	h := fnv.New64a()
+	h.Write([]byte(entity))
+	h.Write([]byte{0})
+	h.Write(key)
+	return int64(h.Sum64())
+}

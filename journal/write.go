@@ -1,0 +1,460 @@
+package journal
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/walcast/walcast/decoder"
+)
+
+type appendOpts struct {
+	force          bool // journal even at or below the watermark (resync)
+	resetWatermark bool // set the watermark to the last transaction's EndLSN even if lower
+	source         *Source
+}
+
+// entryColumns is the COPY column order; copySource.encode follows it.
+var entryColumns = []string{"seq", "entity", "entity_seq", "tenant", "tenant_unknown", "op",
+	"key_hash", "key", "lsn", "commit_lsn", "xid", "commit_time", "size", "envelope"}
+
+// entityState is the journal's per-entity bookkeeping (table entity_seqs).
+type entityState struct {
+	seq      int64 // last entitySeq assigned
+	tenanted bool  // a change of the entity has carried (or lacked) a tenant
+}
+
+// appendCache is what this process knows of the meta row after its own last
+// append. Guarded by Journal.appendMu.
+type appendCache struct {
+	valid     bool
+	gen       int64
+	watermark int64
+	next      int64                  // next_seq
+	entities  map[string]entityState // entity_seqs
+}
+
+// querier is what lookups need of a connection.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// errStale: an optimistic append found the meta row changed since this
+// process's last append; it was rolled back and is retried under the lock.
+var errStale = errors.New("journal state changed since the last append")
+
+// append is the one write path, in one Postgres transaction.
+//
+// The steady state — this process appended last, under the same generation
+// — is optimistic and costs two round trips: "BEGIN; COPY" streaming the
+// rows numbered from the cached next_seq, then one pipeline that updates the
+// meta row only if generation, next_seq and watermark are still what the
+// cache says (raising an error otherwise), upserts entity sequences,
+// NOTIFYs and COMMITs. Until the UPDATE the append holds no lock, so a
+// fenced or stale appender has written nothing visible; its UPDATE waits
+// for any concurrent holder of the meta row, re-reads it, fails the check
+// and everything is rolled back. Then (and whenever the cache is cold) the
+// append runs again pessimistically: BEGIN and SELECT … FOR UPDATE of the
+// meta row first, which is where a stale generation is reported as
+// ErrFenced. (A stale optimistic COPY can also collide with the seqs another
+// appender committed: the unique violation means the same.)
+//
+// Either way a committed append's seqs start exactly at the next_seq the
+// previous committed append left, and it commits after that one: seq order is
+// commit order, with no gaps.
+func (j *Journal) append(ctx context.Context, op string, gen int64, txs []*decoder.Transaction, o appendOpts) (res AppendResult, err error) {
+	if gen < 1 {
+		return AppendResult{}, &Error{Op: op, Err: fmt.Errorf("%w (generation %d was never acquired)", ErrFenced, gen), Fix: "call Acquire before appending"}
+	}
+	j.appendMu.Lock()
+	defer j.appendMu.Unlock()
+
+	conn, err := j.pool.acquire(ctx)
+	if err != nil {
+		return AppendResult{}, opErr(op, err, "")
+	}
+	defer j.pool.release(conn) // closes it if still in a transaction
+
+	optimistic := j.cache.valid && j.cache.gen == gen
+	for {
+		res, err = j.appendOnce(ctx, conn, gen, txs, o, optimistic)
+		if err != nil && conn.PgConn().TxStatus() != 'I' && !conn.IsClosed() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_, _ = conn.Exec(rctx, "ROLLBACK")
+			cancel()
+		}
+		if err == nil {
+			return res, nil
+		}
+		j.cache.valid = false // the outcome may be ambiguous: reload next time
+		if errors.Is(err, errStale) && optimistic {
+			optimistic = false
+			continue
+		}
+		if errors.Is(err, ErrFenced) {
+			return AppendResult{}, fencedErr(op, gen)
+		}
+		return AppendResult{}, opErr(op, err, "")
+	}
+}
+
+func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs []*decoder.Transaction, o appendOpts, optimistic bool) (AppendResult, error) {
+	var res AppendResult
+	copySQL := "COPY " + j.sql.entries + " (" + strings.Join(entryColumns, ", ") + ") FROM STDIN (FORMAT binary)"
+	var wm, nextSeq int64
+	if optimistic {
+		wm, nextSeq = j.cache.watermark, j.cache.next
+		copySQL = "BEGIN; " + copySQL
+	} else {
+		var curGen int64
+		b := &pgx.Batch{}
+		b.Queue("BEGIN")
+		b.Queue("SELECT generation, watermark, next_seq FROM " + j.sql.meta + " FOR UPDATE").QueryRow(func(r pgx.Row) error {
+			return r.Scan(&curGen, &wm, &nextSeq)
+		})
+		if err := conn.SendBatch(ctx, b).Close(); err != nil {
+			return res, err
+		}
+		if curGen != gen {
+			return res, ErrFenced
+		}
+		if !j.cache.valid || j.cache.next != nextSeq || j.cache.entities == nil {
+			if err := j.loadEntities(ctx, conn); err != nil {
+				return res, err
+			}
+		}
+	}
+
+	// Replays: keep transactions strictly above the running watermark.
+	kept := make([]*decoder.Transaction, 0, len(txs))
+	newWM := wm
+	for _, t := range txs {
+		if t.EndLSN > math.MaxInt64 {
+			return res, fmt.Errorf("commit end LSN %s does not fit the journal's bigint", t.EndLSN)
+		}
+		if !o.force && int64(t.EndLSN) <= newWM {
+			res.Skipped++
+			continue
+		}
+		kept = append(kept, t)
+		if o.resetWatermark || int64(t.EndLSN) > newWM {
+			newWM = int64(t.EndLSN)
+		}
+	}
+	res.Transactions = len(kept)
+
+	resolve, err := j.lookupTenants(ctx, conn, kept)
+	if err != nil {
+		return res, err
+	}
+	src := &copySource{txs: kept, next: nextSeq, base: j.cache.entities, dirty: map[string]entityState{}, resolve: resolve}
+	if len(kept) > 0 || optimistic {
+		if _, err := conn.PgConn().CopyFrom(ctx, src, copySQL); err != nil {
+			var pgErr *pgconn.PgError
+			if optimistic && errors.As(err, &pgErr) && pgErr.Code == "23505" {
+				return res, errStale // another appender took these seqs
+			}
+			if src.err != nil {
+				err = fmt.Errorf("%w (COPY aborted: %v)", src.err, err)
+			}
+			return res, fmt.Errorf("copy entries: %w", err)
+		}
+	}
+	written := src.next - nextSeq
+
+	// One statement updates the meta row, the entity sequences and notifies.
+	// It fails with division_by_zero when the meta row is not what this
+	// append was built on; the error skips the rest of the pipeline, COMMIT
+	// included. (Data-modifying CTEs run whether or not they are read.)
+	ents := make([]string, 0, len(src.dirty))
+	seqs := make([]int64, 0, len(src.dirty))
+	tenanted := make([]bool, 0, len(src.dirty))
+	for e, st := range src.dirty {
+		ents = append(ents, e)
+		seqs = append(seqs, st.seq)
+		tenanted = append(tenanted, st.tenanted)
+	}
+	var notify *string
+	if written > 0 {
+		h := strconv.FormatInt(src.next-1, 10)
+		notify = &h
+	}
+	b := &pgx.Batch{}
+	b.Queue(`WITH u AS (
+			UPDATE `+j.sql.meta+` SET watermark = $1, next_seq = $2, appended_bytes = appended_bytes + $3,
+				resync_seq = greatest(resync_seq, $4)
+			WHERE generation = $5 AND next_seq = $6 AND watermark = $7 RETURNING 1),
+		e AS (
+			INSERT INTO `+j.sql.entitySeqs+` AS s (entity, last_seq, tenanted)
+			SELECT * FROM unnest($8::text[], $9::bigint[], $10::boolean[])
+			ON CONFLICT (entity) DO UPDATE SET last_seq = excluded.last_seq, tenanted = s.tenanted OR excluded.tenanted)
+		SELECT 1 / (SELECT count(*)::integer FROM u), CASE WHEN $11::text IS NOT NULL THEN pg_notify($12, $11) END`,
+		newWM, src.next, src.bytes, src.resyncSeq, gen, nextSeq, wm, ents, seqs, tenanted, notify, j.channel)
+	if o.source != nil {
+		b.Queue("UPDATE "+j.sql.meta+" SET system_id = $1, timeline = $2, slot = $3", o.source.SystemID, o.source.Timeline, o.source.Slot)
+	}
+	b.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "22012" {
+			if optimistic {
+				return res, errStale
+			}
+			return res, fmt.Errorf("meta row changed under its lock (a bug): %w", err)
+		}
+		return res, err
+	}
+	if st := conn.PgConn().TxStatus(); st != 'I' {
+		return res, fmt.Errorf("commit did not end the transaction (status %q)", st)
+	}
+
+	if j.cache.entities == nil {
+		j.cache.entities = map[string]entityState{}
+	}
+	for e, st := range src.dirty {
+		j.cache.entities[e] = st
+	}
+	j.cache.valid, j.cache.gen, j.cache.watermark, j.cache.next = true, gen, newWM, src.next
+	res.Watermark = decoder.LSN(newWM)
+	res.Entries = int(written)
+	if written > 0 {
+		res.FirstSeq, res.LastSeq = nextSeq, src.next-1
+	}
+	res.TenantUnknown = src.unknown
+	return res, nil
+}
+
+func (j *Journal) loadEntities(ctx context.Context, q querier) error {
+	rows, err := q.Query(ctx, "SELECT entity, last_seq, tenanted FROM "+j.sql.entitySeqs)
+	if err != nil {
+		return err
+	}
+	m := map[string]entityState{}
+	var e string
+	var st entityState
+	_, err = pgx.ForEachRow(rows, []any{&e, &st.seq, &st.tenanted}, func() error { m[e] = st; return nil })
+	if err != nil {
+		return err
+	}
+	j.cache.entities = m
+	return nil
+}
+
+// copySource streams a batch's changes as COPY binary data (an io.Reader),
+// building each row's envelope as it goes, so a spilled transaction is never
+// materialised.
+type copySource struct {
+	txs     []*decoder.Transaction
+	ti      int
+	cur     *decoder.Transaction
+	it      *decoder.ChangeIter
+	next    int64                            // seq of the next row
+	base    map[string]entityState           // before the batch (read only)
+	dirty   map[string]entityState           // changed in the batch
+	resolve map[string]map[string]*tenantRes // nil when no change needs resolving
+
+	buf       []byte // encoded, not yet read
+	off       int
+	started   bool
+	finished  bool
+	env       []byte // scratch for one envelope
+	bytes     int64
+	unknown   int
+	resyncSeq int64
+	err       error
+}
+
+const copyChunk = 64 << 10
+
+// Read implements io.Reader for pgconn.CopyFrom.
+func (s *copySource) Read(p []byte) (int, error) {
+	if s.off == len(s.buf) {
+		if s.err != nil {
+			return 0, s.err
+		}
+		if s.finished {
+			return 0, io.EOF
+		}
+		s.fill()
+		if s.off == len(s.buf) && s.err != nil {
+			return 0, s.err
+		}
+	}
+	n := copy(p, s.buf[s.off:])
+	s.off += n
+	return n, nil
+}
+
+// fill encodes rows into buf until it holds about copyChunk bytes or the
+// batch ends.
+func (s *copySource) fill() {
+	s.buf, s.off = s.buf[:0], 0
+	if !s.started {
+		s.started = true
+		s.buf = append(s.buf, "PGCOPY\n\xff\r\n\x00"...)
+		s.buf = binary.BigEndian.AppendUint32(s.buf, 0) // flags
+		s.buf = binary.BigEndian.AppendUint32(s.buf, 0) // header extension
+	}
+	for len(s.buf) < copyChunk {
+		if s.it == nil {
+			if s.ti >= len(s.txs) {
+				s.buf = binary.BigEndian.AppendUint16(s.buf, 0xffff) // trailer
+				s.finished = true
+				return
+			}
+			s.cur = s.txs[s.ti]
+			s.ti++
+			s.it = s.cur.Changes()
+		}
+		if s.it.Next() {
+			if s.err = s.encode(s.it.Change()); s.err != nil {
+				s.buf = s.buf[:0]
+				return
+			}
+			continue
+		}
+		if err := s.it.Err(); err != nil {
+			s.err = fmt.Errorf("read transaction %d: %w", s.cur.Xid, err)
+			s.buf = s.buf[:0]
+			return
+		}
+		s.it = nil
+	}
+}
+
+var (
+	seqPrefix       = []byte(`{"seq":`)
+	entitySeqInfix  = []byte(`,"entitySeq":`)
+	tenantUnknownKV = []byte(`,"tenantUnknown":true}`)
+)
+
+// pgEpoch is PostgreSQL's timestamp epoch, in Unix microseconds.
+const pgEpoch = 946684800 * 1000000
+
+// encode appends one row in COPY binary format, columns as entryColumns.
+func (s *copySource) encode(c *decoder.Change) error {
+	t := s.cur
+	body := c.Body
+	if len(body) < 3 || body[0] != '{' || body[1] != '"' || body[len(body)-1] != '}' {
+		return fmt.Errorf("change at %s in transaction %d: body is not a JSON object starting with a field", c.LSN, t.Xid)
+	}
+	if c.LSN > math.MaxInt64 {
+		return fmt.Errorf("change LSN %s does not fit the journal's bigint", c.LSN)
+	}
+	seq := s.next
+	s.next++
+	st, ok := s.dirty[c.Entity]
+	if !ok {
+		st = s.base[c.Entity]
+	}
+	st.seq++
+	if c.TenantState != decoder.TenantNone {
+		st.tenanted = true
+	}
+	s.dirty[c.Entity] = st
+	if c.Op == decoder.OpResync {
+		s.resyncSeq = seq
+	}
+
+	var tenant []byte
+	hasTenant, unknown := false, false
+	var suffix []byte // replaces the body's closing brace when non-nil
+	switch c.TenantState {
+	case decoder.TenantKnown:
+		tenant, hasTenant = []byte(c.Tenant), true
+	case decoder.TenantUnresolved:
+		var r *tenantRes
+		if c.Key != nil && s.resolve != nil {
+			r = s.resolve[c.Entity][string(c.Key)]
+		}
+		switch {
+		case r == nil || !r.found:
+			unknown = true
+			s.unknown++
+			suffix = tenantUnknownKV
+		case r.tenant != nil:
+			tenant, hasTenant = []byte(*r.tenant), true
+			q, _ := json.Marshal(*r.tenant)
+			suffix = append(append([]byte(`,"tenant":`), q...), '}')
+		}
+	}
+	if s.resolve != nil && c.Key != nil && c.TenantState != decoder.TenantUnresolved {
+		if r := s.resolve[c.Entity][string(c.Key)]; r != nil {
+			r.found = true
+			r.tenant = nil
+			if c.TenantState == decoder.TenantKnown {
+				v := c.Tenant
+				r.tenant = &v
+			}
+		}
+	}
+
+	e := append(s.env[:0], seqPrefix...)
+	e = strconv.AppendInt(e, seq, 10)
+	e = append(e, entitySeqInfix...)
+	e = strconv.AppendInt(e, st.seq, 10)
+	e = append(e, ',')
+	if suffix == nil {
+		e = append(e, body[1:]...)
+	} else {
+		e = append(e, body[1:len(body)-1]...)
+		e = append(e, suffix...)
+	}
+	s.env = e
+	s.bytes += int64(len(e))
+
+	b := binary.BigEndian.AppendUint16(s.buf, uint16(len(entryColumns)))
+	b = appendInt8(b, seq)
+	b = appendText(b, []byte(c.Entity), true)
+	b = appendInt8(b, st.seq)
+	b = appendText(b, tenant, hasTenant)
+	b = binary.BigEndian.AppendUint32(b, 1)
+	if unknown {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
+	}
+	b = appendText(b, []byte(c.Op), true)
+	// Only entities that carry tenants need their keys found again (to
+	// route a key-only delete); indexing the others' keys would tax every
+	// append for nothing.
+	if c.Key != nil && st.tenanted {
+		b = appendInt8(b, keyHash(c.Entity, c.Key))
+	} else {
+		b = binary.BigEndian.AppendUint32(b, math.MaxUint32) // NULL
+	}
+	b = appendText(b, c.Key, c.Key != nil)
+	b = appendInt8(b, int64(c.LSN))
+	b = appendInt8(b, int64(t.EndLSN))
+	b = appendInt8(b, int64(t.Xid))
+	b = appendInt8(b, t.CommitTime.UnixMicro()-pgEpoch)
+	b = binary.BigEndian.AppendUint32(b, 4)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(e)))
+	b = appendText(b, e, true)
+	s.buf = b
+	return nil
+}
+
+func appendInt8(b []byte, v int64) []byte {
+	b = binary.BigEndian.AppendUint32(b, 8)
+	return binary.BigEndian.AppendUint64(b, uint64(v))
+}
+
+// appendText appends a text (or NULL when !ok) field.
+func appendText(b, v []byte, ok bool) []byte {
+	if !ok {
+		return binary.BigEndian.AppendUint32(b, math.MaxUint32)
+	}
+	b = binary.BigEndian.AppendUint32(b, uint32(len(v)))
+	return append(b, v...)
+}
