@@ -135,7 +135,7 @@ const (
 // re-encoding.
 type Change struct {
 	LSN         LSN
-	Entity      string // "schema.table", names unquoted, as in the envelope
+	Entity      string // EntityName(schema, table); the message prefix for op "message"
 	Op          Op
 	Key         []byte // canonical JSON object of the key columns; nil when there is none
 	Tenant      string
@@ -288,3 +288,60 @@ func (it *ChangeIter) Change() *Change {
 
 // Err is the error that stopped iteration, if any.
 func (it *ChangeIter) Err() error { return it.err }
+
+// EntityName forms an envelope's entity from a relation's schema and table:
+// "schema.table", with a component double-quoted (embedded quotes doubled)
+// when it contains '.' or '"' or is empty, so that SplitEntity can always
+// take it apart again.
+func EntityName(schema, table string) string {
+	return quoteEntityPart(schema) + "." + quoteEntityPart(table)
+}
+
+func quoteEntityPart(s string) string {
+	if s != "" && !strings.ContainsAny(s, `."`) {
+		return s
+	}
+	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
+}
+
+// SplitEntity reverses EntityName. It reports false for a string EntityName
+// cannot produce.
+func SplitEntity(entity string) (schema, table string, ok bool) {
+	schema, rest, ok := cutEntityPart(entity)
+	if !ok || !strings.HasPrefix(rest, ".") {
+		return "", "", false
+	}
+	table, rest, ok = cutEntityPart(rest[1:])
+	if !ok || rest != "" {
+		return "", "", false
+	}
+	return schema, table, true
+}
+
+// cutEntityPart reads one component (quoted or bare) from the start of s.
+func cutEntityPart(s string) (part, rest string, ok bool) {
+	if !strings.HasPrefix(s, `"`) {
+		i := strings.IndexByte(s, '.')
+		if i < 0 {
+			i = len(s)
+		}
+		if i == 0 || strings.Contains(s[:i], `"`) {
+			return "", "", false
+		}
+		return s[:i], s[i:], true
+	}
+	var b strings.Builder
+	for i := 1; i < len(s); i++ {
+		if s[i] != '"' {
+			b.WriteByte(s[i])
+			continue
+		}
+		if i+1 < len(s) && s[i+1] == '"' {
+			b.WriteByte('"')
+			i++
+			continue
+		}
+		return b.String(), s[i+1:], true
+	}
+	return "", "", false
+}

@@ -13,7 +13,7 @@ type column struct {
 // relation is the decoder's copy of the latest Relation message for an OID.
 type relation struct {
 	id       uint32
-	entity   string // "schema.table", unquoted
+	entity   string // EntityName(schema, table)
 	skip     bool   // in the journal schema: changes are dropped (DESIGN §4.10)
 	cols     []column
 	hasKey   bool
@@ -25,7 +25,7 @@ func newRelation(id uint32, ns, name string, cfg *Config) *relation {
 	if ns == "" {
 		ns = "pg_catalog" // pgoutput sends "" for pg_catalog
 	}
-	r := &relation{id: id, entity: ns + "." + name, skip: ns == cfg.JournalSchema, tenant: -1}
+	r := &relation{id: id, entity: EntityName(ns, name), skip: ns == cfg.JournalSchema, tenant: -1}
 	r.entityOp = append(r.entityOp, `,"entity":`...)
 	r.entityOp = appendString(r.entityOp, []byte(r.entity))
 	r.entityOp = append(r.entityOp, `,"op":"`...)
