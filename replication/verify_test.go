@@ -17,7 +17,7 @@ import (
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 // exec runs SQL statements (simple protocol, several allowed) as given.
-func execSQL(t *testing.T, url string, sqls ...string) {
+func execSQL(t testing.TB, url string, sqls ...string) {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, url)
