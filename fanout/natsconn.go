@@ -1,0 +1,135 @@
+package fanout
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// NATSConfig says how to reach NATS. Credentials are never logged.
+type NATSConfig struct {
+	URL       string // nats://host:4222[,nats://...]; required
+	Name      string // client name shown by the server
+	User      string
+	Password  string
+	Token     string
+	CredsFile string // NATS credentials file (JWT + NKey seed)
+	NKeyFile  string // NKey seed file
+	CAFile    string // CA for the server's TLS certificate
+	CertFile  string // client certificate, with KeyFile
+	KeyFile   string
+}
+
+// ConnectNATS connects with options suited to walcast: reconnect forever,
+// and no client-side buffering while disconnected, so a publish during an
+// outage fails at once and the publisher retries from the journal instead
+// of silently holding messages in memory.
+func ConnectNATS(cfg NATSConfig, extra ...nats.Option) (*nats.Conn, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("no NATS URL given: pass --nats-url nats://host:4222")
+	}
+	opts := []nats.Option{
+		nats.Name(cfg.Name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectJitter(250*time.Millisecond, time.Second),
+		nats.ReconnectBufSize(-1),
+		nats.Timeout(5 * time.Second),
+	}
+	if cfg.User != "" || cfg.Password != "" {
+		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+	}
+	if cfg.Token != "" {
+		opts = append(opts, nats.Token(cfg.Token))
+	}
+	if cfg.CredsFile != "" {
+		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
+	}
+	if cfg.NKeyFile != "" {
+		o, err := nats.NkeyOptionFromSeed(cfg.NKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("NATS nkey seed %s: %w", cfg.NKeyFile, err)
+		}
+		opts = append(opts, o)
+	}
+	if cfg.CAFile != "" {
+		opts = append(opts, nats.RootCAs(cfg.CAFile))
+	}
+	if cfg.CertFile != "" || cfg.KeyFile != "" {
+		opts = append(opts, nats.ClientCert(cfg.CertFile, cfg.KeyFile))
+	}
+	opts = append(opts, extra...)
+	nc, err := nats.Connect(cfg.URL, opts...)
+	if err != nil {
+		return nil, classifyNATSError(cfg.URL, err)
+	}
+	return nc, nil
+}
+
+func classifyNATSError(url string, err error) error {
+	switch {
+	case errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrAuthExpired):
+		return fmt.Errorf("connect to NATS at %s: %w (check --nats-user/--nats-password, --nats-token, --nats-creds or --nats-nkey)", url, err)
+	case errors.Is(err, nats.ErrNoServers):
+		return fmt.Errorf("connect to NATS at %s: %w (is the server running and the URL right?)", url, err)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return fmt.Errorf("connect to NATS at %s: %w (is the server running and the URL right?)", url, err)
+	}
+	return fmt.Errorf("connect to NATS at %s: %w (for TLS check --nats-ca, --nats-cert and --nats-key)", url, err)
+}
+
+// EmbeddedNATS is a NATS server inside the walcast process: the
+// single-machine default when no --nats-url is given.
+type EmbeddedNATS struct {
+	srv *server.Server
+}
+
+// StartEmbeddedNATS starts a NATS server listening on listen (host:port).
+// With storeDir set, JetStream is enabled with its store there.
+func StartEmbeddedNATS(listen, storeDir string) (*EmbeddedNATS, error) {
+	host, portStr, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, fmt.Errorf("--embedded-nats-listen %q: want host:port", listen)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("--embedded-nats-listen %q: bad port", listen)
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	opts := &server.Options{Host: host, Port: port, NoSigs: true, NoLog: true, ServerName: "walcast-embedded"}
+	if storeDir != "" {
+		if err := os.MkdirAll(storeDir, 0o700); err != nil {
+			return nil, fmt.Errorf("embedded NATS store %s: %w", storeDir, err)
+		}
+		opts.JetStream, opts.StoreDir = true, storeDir
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded NATS: %w", err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		return nil, fmt.Errorf("embedded NATS did not start listening on %s within 10s (is the port taken? choose another --embedded-nats-listen)", listen)
+	}
+	return &EmbeddedNATS{srv: srv}, nil
+}
+
+// URL is the client URL of the embedded server.
+func (e *EmbeddedNATS) URL() string { return e.srv.ClientURL() }
+
+// Shutdown stops the server and waits for it.
+func (e *EmbeddedNATS) Shutdown() {
+	e.srv.Shutdown()
+	e.srv.WaitForShutdown()
+}

@@ -1,0 +1,246 @@
+package fanout
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/walcast/walcast/internal/backoff"
+	"github.com/walcast/walcast/journal"
+)
+
+// NATS headers set on every published change. Nats-Msg-Id makes a JetStream
+// stream bound to the subjects drop republished copies.
+const (
+	HeaderMsgID         = "Nats-Msg-Id"            // <journal id hex>:<seq>
+	HeaderSeq           = "Walcast-Seq"            // journal seq
+	HeaderEntitySeq     = "Walcast-Entity-Seq"     // per-entity sequence
+	HeaderEntity        = "Walcast-Entity"         // envelope entity
+	HeaderCommitLSN     = "Walcast-Commit-Lsn"     // X/X
+	HeaderTenant        = "Walcast-Tenant"         // only when the change has a tenant
+	HeaderTenantUnknown = "Walcast-Tenant-Unknown" // "true" only for a tenant-unknown change
+)
+
+// PublisherConfig configures a Publisher. Zero fields take the defaults noted.
+type PublisherConfig struct {
+	Prefix string // subject prefix; default "walcast"
+	// BatchSize is the most entries read and published before one flush and
+	// one published-position update; default 1000.
+	BatchSize int
+	// FlushTimeout bounds waiting for the server to acknowledge a batch
+	// (a NATS PING/PONG round trip); default 5s.
+	FlushTimeout time.Duration
+	Logger       *slog.Logger
+}
+
+// Publisher publishes journaled envelopes to NATS in seq order. It runs beside
+// the replicator and never holds it back: it reads only what is already
+// durable, so a NATS outage lets the journal and the slot keep advancing, and
+// the publisher catches up when NATS returns.
+//
+// Delivery is at least once with stable ids: the published position is
+// recorded in the journal only after the server has acknowledged a batch
+// (flush), so a restart republishes at most the last unacknowledged batch,
+// with the same Nats-Msg-Id.
+type Publisher struct {
+	cfg PublisherConfig
+	j   *journal.Journal
+	nc  *nats.Conn
+	log *slog.Logger
+	id  string // journal id hex
+
+	published atomic.Int64 // last seq acknowledged by NATS
+	horizon   atomic.Int64 // journal horizon at the last read
+	count     atomic.Uint64
+	oversize  atomic.Uint64
+}
+
+// NewPublisher returns a publisher of j's entries on nc.
+func NewPublisher(cfg PublisherConfig, j *journal.Journal, nc *nats.Conn) *Publisher {
+	if cfg.Prefix == "" {
+		cfg.Prefix = "walcast"
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = 1000
+	}
+	if cfg.FlushTimeout <= 0 {
+		cfg.FlushTimeout = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Publisher{cfg: cfg, j: j, nc: nc, log: cfg.Logger, id: j.IDHex()}
+}
+
+// PublisherStats are the publisher's counters.
+type PublisherStats struct {
+	Published int64  // last seq acknowledged by NATS
+	Horizon   int64  // journal horizon at the last read
+	Messages  uint64 // messages published (including republished ones)
+	Oversize  uint64 // reference envelopes published for changes too large for NATS
+}
+
+// Stats returns the publisher's counters.
+func (p *Publisher) Stats() PublisherStats {
+	return PublisherStats{Published: p.published.Load(), Horizon: p.horizon.Load(),
+		Messages: p.count.Load(), Oversize: p.oversize.Load()}
+}
+
+// Run publishes until ctx ends, then returns nil. Errors (NATS down, journal
+// unreachable) are logged once per failure streak and retried with backoff.
+func (p *Publisher) Run(ctx context.Context) error {
+	bo := backoff.New(200*time.Millisecond, 10*time.Second)
+	var pos int64
+	loaded := false
+	failing := false
+	for ctx.Err() == nil {
+		var err error
+		if !loaded {
+			if pos, err = p.j.Published(ctx); err == nil {
+				loaded = true
+				p.published.Store(pos)
+			}
+		}
+		if err == nil {
+			pos, err = p.step(ctx, pos)
+		}
+		if err == nil {
+			if failing {
+				p.log.Info("publishing to NATS again", "published", pos)
+				failing = false
+			}
+			bo.Reset()
+			continue
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		if !failing {
+			p.log.Warn("publishing paused; the journal keeps advancing and publishing resumes from the last acknowledged entry",
+				"err", err, "published", pos)
+			failing = true
+		}
+		if _, werr := bo.Wait(ctx); werr != nil {
+			break
+		}
+	}
+	return nil
+}
+
+// step publishes one batch after pos, or waits for new entries, and returns
+// the new position.
+func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
+	lg, err := p.j.ReadAfter(ctx, pos, p.cfg.BatchSize)
+	if err != nil {
+		return pos, err
+	}
+	p.horizon.Store(lg.Horizon)
+	if pos < lg.Floor-1 {
+		p.log.Warn("journal entries were pruned before they were published; sync nodes repair from the journal or resync",
+			"from", pos+1, "to", lg.Floor-1)
+	}
+	if len(lg.Entries) == 0 {
+		if lg.Horizon > pos && pos < lg.Floor-1 {
+			return lg.Floor - 1, p.j.SetPublished(ctx, lg.Floor-1)
+		}
+		// Caught up: wait for the next append (LISTEN/NOTIFY).
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if _, err := p.j.Wait(wctx, lg.Horizon); err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+			return pos, err
+		}
+		return pos, nil
+	}
+	max := int(p.nc.MaxPayload())
+	for i := range lg.Entries {
+		msg, over, err := p.message(&lg.Entries[i], max)
+		if err != nil {
+			return pos, err
+		}
+		if err := p.nc.PublishMsg(msg); err != nil {
+			return pos, fmt.Errorf("publish seq %d to %s: %w", lg.Entries[i].Seq, msg.Subject, err)
+		}
+		p.count.Add(1)
+		if over {
+			p.oversize.Add(1)
+		}
+	}
+	fctx, cancel := context.WithTimeout(ctx, p.cfg.FlushTimeout)
+	defer cancel()
+	if err := p.nc.FlushWithContext(fctx); err != nil {
+		return pos, fmt.Errorf("NATS did not acknowledge the batch: %w", err)
+	}
+	last := lg.Entries[len(lg.Entries)-1].Seq
+	if err := p.j.SetPublished(ctx, last); err != nil {
+		return pos, err
+	}
+	p.published.Store(last)
+	return last, nil
+}
+
+// message builds the NATS message of an entry. An envelope larger than max
+// goes out as a reference envelope without row data.
+func (p *Publisher) message(e *journal.Entry, max int) (*nats.Msg, bool, error) {
+	m := nats.NewMsg(Subject(p.cfg.Prefix, e.Op, e.Entity, e.Tenant, e.Tenant != ""))
+	m.Header.Set(HeaderMsgID, p.id+":"+strconv.FormatInt(e.Seq, 10))
+	m.Header.Set(HeaderSeq, strconv.FormatInt(e.Seq, 10))
+	m.Header.Set(HeaderEntitySeq, strconv.FormatInt(e.EntitySeq, 10))
+	m.Header.Set(HeaderEntity, e.Entity)
+	m.Header.Set(HeaderCommitLSN, e.CommitLSN.String())
+	if e.Tenant != "" {
+		m.Header.Set(HeaderTenant, e.Tenant)
+	}
+	if e.TenantUnknown {
+		m.Header.Set(HeaderTenantUnknown, "true")
+	}
+	m.Data = e.Envelope
+	// Headers and subject count against the payload limit too; leave them
+	// room.
+	if len(m.Data)+len(m.Subject)+headerSize(m.Header) <= max {
+		return m, false, nil
+	}
+	ref, err := referenceEnvelope(e.Envelope)
+	if err != nil {
+		return nil, false, fmt.Errorf("seq %d: %w", e.Seq, err)
+	}
+	m.Data = ref
+	return m, true, nil
+}
+
+func headerSize(h nats.Header) int {
+	n := 16 // "NATS/1.0\r\n" and the final CRLF
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return n
+}
+
+// referenceEnvelope drops the row data of an envelope and marks it oversize;
+// readers fetch the full entry from the journal by seq.
+func referenceEnvelope(env []byte) ([]byte, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(env, &fields); err != nil {
+		return nil, fmt.Errorf("journaled envelope is not a JSON object: %w", err)
+	}
+	for _, k := range []string{"before", "after", "key", "unchanged", "content"} {
+		delete(fields, k)
+	}
+	fields["oversize"] = json.RawMessage("true")
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(fields); err != nil {
+		return nil, err
+	}
+	return bytes.TrimRight(b.Bytes(), "\n"), nil
+}
