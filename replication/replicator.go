@@ -743,3 +743,40 @@ func (r *Replicator) appendBatch(ctx context.Context, gen int64, batch []queueIt
 	}
 	return res, nil
 }
+
+// WhileActive runs fn each time the replicator becomes active, with a context
+// cancelled as soon as it stops being active (standby, reconnecting,
+// stopped), and waits for fn to return before watching again. It returns
+// when ctx ends. Work that only the active instance may do, like publishing
+// the journal to NATS, runs under it.
+func (r *Replicator) WhileActive(ctx context.Context, fn func(context.Context)) {
+	const poll = 100 * time.Millisecond
+	t := time.NewTicker(poll)
+	defer t.Stop()
+	for {
+		for r.State().Role != RoleActive {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+		actx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			fn(actx)
+		}()
+		for r.State().Role == RoleActive && ctx.Err() == nil {
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+		}
+		cancel()
+		<-done
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}

@@ -22,8 +22,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 
 	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/internal/natstest"
 	"github.com/walcast/walcast/internal/pgtest"
 	"github.com/walcast/walcast/journal"
 	"github.com/walcast/walcast/journal/journaltest"
@@ -152,7 +154,7 @@ func waitUntil(t *testing.T, what string, timeout time.Duration, cond func() boo
 
 func runArgs(url string, extra ...string) []string {
 	return append([]string{"run", "--database-url", url, "--publication", "pub", "--http-listen", "127.0.0.1:0",
-		"--log-format", "json", "--log-level", "debug"}, extra...)
+		"--embedded-nats-listen", "127.0.0.1:0", "--log-format", "json", "--log-level", "debug"}, extra...)
 }
 
 var cursorSecret = []byte("process-test-cursor-secret-0123")
@@ -334,11 +336,16 @@ func slotSampler(t *testing.T, url string, j *journal.Journal) (stop func() []st
 func TestKill9UnderLoad(t *testing.T) {
 	url := pgtest.NewDatabase(t)
 	j := setupSource(t, url)
+	// An external NATS with a JetStream stream bound to the subjects: kills
+	// between journal commit and publish make walcast republish, and the
+	// stream drops the copies by Nats-Msg-Id.
+	ns := natstest.Start(t)
+	js := jetStream(t, ns.URL())
 	var stopSampler func() []string
 	var w *writer
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 9))
 	for round := 0; round < 20; round++ {
-		p := startWalcast(t, runArgs(url)...)
+		p := startWalcast(t, runArgs(url, "--nats-url", ns.URL())...)
 		waitUntil(t, "active", 30*time.Second, func() bool { return strings.HasPrefix(p.readyz(), "active") })
 		if w == nil {
 			// Once the slot exists: changes before it are not ours, and a
@@ -352,10 +359,15 @@ func TestKill9UnderLoad(t *testing.T) {
 		}
 		<-p.done
 	}
-	p := startWalcast(t, runArgs(url)...)
+	p := startWalcast(t, runArgs(url, "--nats-url", ns.URL())...)
 	waitUntil(t, "active", 30*time.Second, func() bool { return strings.HasPrefix(p.readyz(), "active") })
 	committed := w.finish()
 	validateJournal(t, url, committed)
+	entries := len(journalItems(t, url))
+	waitUntil(t, "every journal entry in the JetStream stream once", 60*time.Second, func() bool {
+		info, err := js.StreamInfo("WALCAST")
+		return err == nil && info.State.Msgs == uint64(entries)
+	})
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -483,4 +495,74 @@ func TestLostSlot(t *testing.T) {
 		items := journalItems(t, url)
 		return len(items) == 3 && items[1].ID == "resync" && items[2].ID == "insert:public.items:2"
 	})
+}
+
+// jetStream binds a stream WALCAST to every walcast subject on the server at
+// url, deduplicating by Nats-Msg-Id over an hour.
+func jetStream(t *testing.T, url string) nats.JetStreamContext {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := nc.JetStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.AddStream(&nats.StreamConfig{Name: "WALCAST", Subjects: []string{"walcast.>"}, Duplicates: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// TestNATSOutageDoesNotHoldBackTheSlot stops NATS under write load: the
+// journal and the slot keep advancing, and once NATS is back every change
+// is published: a JetStream stream bound to the subjects ends with every
+// entry exactly once.
+func TestNATSOutageDoesNotHoldBackTheSlot(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	j := setupSource(t, url)
+	ns := natstest.Start(t)
+	js := jetStream(t, ns.URL())
+	p := startWalcast(t, runArgs(url, "--nats-url", ns.URL())...)
+	waitUntil(t, "active", 30*time.Second, func() bool { return strings.HasPrefix(p.readyz(), "active") })
+	w := startWriter(t, url)
+	time.Sleep(300 * time.Millisecond)
+
+	ns.Shutdown()
+	wmBefore, err := j.Watermark(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	slotBefore := confirmedFlush(t, url)
+	time.Sleep(1500 * time.Millisecond)
+	waitUntil(t, "the slot to advance while NATS is down", 30*time.Second, func() bool {
+		wm, _ := j.Watermark(context.Background())
+		return wm > wmBefore && confirmedFlush(t, url) > slotBefore
+	})
+	ns.Restart(t)
+	committed := w.finish()
+	validateJournal(t, url, committed)
+	entries := len(journalItems(t, url))
+	waitUntil(t, "every entry published after the outage", 60*time.Second, func() bool {
+		info, err := js.StreamInfo("WALCAST")
+		return err == nil && info.State.Msgs == uint64(entries)
+	})
+}
+
+func confirmedFlush(t *testing.T, url string) decoder.LSN {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var s string
+	if err := conn.QueryRow(ctx, `SELECT coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_replication_slots WHERE slot_name = 'walcast'`).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	l, _ := decoder.ParseLSN(s)
+	return l
 }

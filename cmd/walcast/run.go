@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/walcast/walcast/fanout"
 	"github.com/walcast/walcast/internal/telemetry"
 	"github.com/walcast/walcast/journal"
 	"github.com/walcast/walcast/replication"
@@ -25,6 +26,10 @@ func newRunCmd(env Env) *cobra.Command {
 		pruneEvery    time.Duration
 		logs          logFlags
 		skipPreflight bool
+		nf            natsFlags
+		embeddedNATS  string
+		embeddedStore string
+		prefix        string
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -57,7 +62,10 @@ database at start-up, 3 when another instance holds the slot and
 				journalURL = rc.DatabaseURL
 			}
 			rc.Logger = log
-			return runReplicator(cmd.Context(), log, rc, journalURL, schema, httpListen, retention, pruneEvery, !skipPreflight)
+			nf.cfg.Name = "walcast run"
+			return runReplicator(cmd.Context(), log, runSetup{rc: rc, journalURL: journalURL, schema: schema, httpListen: httpListen,
+				retention: retention, pruneEvery: pruneEvery, preflight: !skipPreflight,
+				nats: nf.cfg, embeddedNATS: embeddedNATS, embeddedStore: embeddedStore, prefix: prefix})
 		},
 	}
 	f := cmd.Flags()
@@ -82,15 +90,34 @@ database at start-up, 3 when another instance holds the slot and
 	f.Int64Var(&rc.MemoryBudget, "memory-budget", 64<<20, "bytes of in-progress transactions held in memory before spilling to disk")
 	f.StringVar(&rc.SpillDir, "spill-dir", "", "directory for spill files (default: the system temp dir)")
 	f.BoolVar(&skipPreflight, "skip-preflight", false, "do not run the verify checks at start")
+	nf.register(cmd, "NATS server(s) to publish to (empty: start an embedded NATS server on --embedded-nats-listen)")
+	f.StringVar(&embeddedNATS, "embedded-nats-listen", "127.0.0.1:4222", "address of the embedded NATS server, when --nats-url is empty")
+	f.StringVar(&embeddedStore, "embedded-nats-store-dir", "", "enable JetStream on the embedded NATS server with its store here")
+	f.StringVar(&prefix, "subject-prefix", "walcast", "first token of every NATS subject")
 	logs.register(cmd)
 	return cmd
 }
 
 // runReplicator wires the journal, the replicator and the HTTP endpoints,
 // and runs until ctx ends or replication stops.
-func runReplicator(ctx context.Context, log *slog.Logger, rc replication.Config, journalURL, schema, httpListen string,
-	retention journal.Retention, pruneEvery time.Duration, preflight bool) error {
-	if preflight {
+// runSetup is everything `walcast run` wires together.
+type runSetup struct {
+	rc            replication.Config
+	journalURL    string
+	schema        string
+	httpListen    string
+	retention     journal.Retention
+	pruneEvery    time.Duration
+	preflight     bool
+	nats          fanout.NATSConfig
+	embeddedNATS  string
+	embeddedStore string
+	prefix        string
+}
+
+func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
+	rc, journalURL, schema, retention, pruneEvery := s.rc, s.journalURL, s.schema, s.retention, s.pruneEvery
+	if s.preflight {
 		report, err := replication.Verify(ctx, replication.VerifyConfig{DatabaseURL: rc.DatabaseURL, Publication: rc.Publication,
 			Slot: rc.Slot, JournalSchema: schema, TenantColumn: rc.TenantColumn})
 		if err != nil {
@@ -131,7 +158,22 @@ func runReplicator(ctx context.Context, log *slog.Logger, rc replication.Config,
 	if err := r.RegisterMetrics(metrics.Meter("walcast/replication")); err != nil {
 		return withCode(exitFailed, err)
 	}
-	srv, err := telemetry.Listen(httpListen, metrics, func() (bool, string) {
+	if s.nats.URL == "" {
+		emb, err := fanout.StartEmbeddedNATS(s.embeddedNATS, s.embeddedStore)
+		if err != nil {
+			return withCode(exitUsage, err)
+		}
+		defer emb.Shutdown()
+		s.nats.URL = emb.URL()
+		log.Info("embedded NATS server listening", "url", emb.URL(), "jetstream", s.embeddedStore != "")
+	}
+	nc, err := fanout.ConnectNATS(s.nats)
+	if err != nil {
+		return withCode(exitUsage, err)
+	}
+	defer nc.Close()
+	pub := fanout.NewPublisher(fanout.PublisherConfig{Prefix: s.prefix, Logger: log}, j, nc)
+	srv, err := telemetry.Listen(s.httpListen, metrics, func() (bool, string) {
 		s := r.State()
 		switch s.Role {
 		case replication.RoleActive:
@@ -156,6 +198,13 @@ func runReplicator(ctx context.Context, log *slog.Logger, rc replication.Config,
 		if err := srv.Serve(ctx, log); err != nil {
 			log.Error("http endpoints stopped", "err", err)
 		}
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		// Only the active instance publishes: a standby's journal view is
+		// the same, and two publishers would double every message.
+		r.WhileActive(ctx, func(actx context.Context) { _ = pub.Run(actx) })
 	}()
 	if retention != (journal.Retention{}) {
 		wg.Add(1)
