@@ -3,7 +3,7 @@ BIN       := bin/walcast
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 
-.PHONY: build test bench bench-e2e lint clean
+.PHONY: build test bench bench-e2e demo lint clean
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/walcast
@@ -12,6 +12,11 @@ build:
 test:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+# A throwaway PostgreSQL, walcast verify, walcast run with embedded NATS and
+# walcast tail while the script writes; Ctrl-C stops it all.
+demo: build
+	bash deploy/demo/demo.sh
 
 # Micro-benchmarks of every package (decode, journal append, ...).
 bench:

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# walcast demo: a throwaway PostgreSQL 15, `walcast verify`, `walcast run` with
+# its embedded NATS server, and `walcast tail` printing every envelope while
+# this script makes direct-SQL writes. Ctrl-C stops everything it started.
+#
+#   make demo                         # interactive: keeps running until Ctrl-C
+#   DEMO_NONINTERACTIVE=1 make demo   # CI: exits once every envelope arrived
+#
+# Environment: WALCAST_BIN (default bin/walcast), DEMO_TIMEOUT (seconds, for
+# the non-interactive mode; default 120).
+set -euo pipefail
+
+WALCAST_BIN=${WALCAST_BIN:-bin/walcast}
+DEMO_TIMEOUT=${DEMO_TIMEOUT:-120}
+NONINTERACTIVE=${DEMO_NONINTERACTIVE:-}
+[ -t 0 ] || NONINTERACTIVE=${NONINTERACTIVE:-1}
+
+say() { printf '\n\033[1m== %s\033[0m\n' "$*" >&2; }
+die() { printf 'demo: %s\n' "$*" >&2; exit 1; }
+
+[ -x "$WALCAST_BIN" ] || die "$WALCAST_BIN not found: run 'make build' first (make demo does)"
+
+# --- PostgreSQL binaries -----------------------------------------------------
+find_pg() {
+  local d
+  for d in /usr/lib/postgresql/15/bin /usr/lib/postgresql/*/bin; do
+    if [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ]; then echo "$d"; return 0; fi
+  done
+  if command -v initdb >/dev/null 2>&1; then dirname "$(readlink -f "$(command -v initdb)")"; return 0; fi
+  return 1
+}
+if ! PGBIN=$(find_pg); then
+  if [ "$(id -u)" = 0 ]; then
+    say "installing PostgreSQL 15 (apt-get)"
+    DEBIAN_FRONTEND=noninteractive apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql-15
+    PGBIN=$(find_pg) || die "postgresql-15 installed but initdb not found"
+  else
+    die "PostgreSQL server binaries not found. Install them with:
+  sudo apt-get update && sudo apt-get install -y postgresql-15"
+  fi
+fi
+
+# As root, the server runs as the unprivileged postgres user.
+as_pg() {
+  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+free_port() {
+  local p
+  for p in $(seq "$1" $(($1 + 200))); do
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return 0; fi
+  done
+  die "no free port near $1"
+}
+
+DIR=$(mktemp -d /tmp/walcast-demo.XXXXXX)
+chmod 755 "$DIR"
+[ "$(id -u)" = 0 ] && chown postgres "$DIR"
+PGPORT=$(free_port 55432)
+NATSPORT=$(free_port 4222)
+HTTPPORT=$(free_port 9187)
+PIDS=()
+
+cleanup() {
+  trap - EXIT INT TERM
+  say "stopping everything the demo started"
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  as_pg "$PGBIN/pg_ctl" -D "$DIR/data" -m fast -w stop >/dev/null 2>&1 || true
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say "starting a throwaway PostgreSQL on port $PGPORT (data in $DIR)"
+as_pg "$PGBIN/initdb" -D "$DIR/data" -U postgres --auth=trust -N >/dev/null
+as_pg "$PGBIN/pg_ctl" -D "$DIR/data" -l "$DIR/postgres.log" -w \
+  -o "-p $PGPORT -k $DIR -c listen_addresses=127.0.0.1 -c wal_level=logical -c max_slot_wal_keep_size=1GB" start >/dev/null
+URL="postgres://postgres@127.0.0.1:$PGPORT/postgres?sslmode=disable"
+PSQL=("$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -d "$URL")
+
+say "creating a schema and a publication"
+"${PSQL[@]}" <<'SQL'
+CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL, notes text);
+CREATE TABLE customers (id int PRIMARY KEY, name text);
+CREATE PUBLICATION demo FOR TABLE orders, customers;
+SQL
+
+say "walcast verify"
+"$WALCAST_BIN" verify --database-url "$URL" --publication demo || true
+
+say "walcast run (embedded NATS on 127.0.0.1:$NATSPORT); its log is in $DIR/run.log"
+"$WALCAST_BIN" run --database-url "$URL" --publication demo --embedded-nats-listen "127.0.0.1:$NATSPORT" \
+  --http-listen "127.0.0.1:$HTTPPORT" --log-format text >"$DIR/run.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 1 100); do
+  if grep -q 'msg=streaming' "$DIR/run.log" 2>/dev/null; then break; fi
+  kill -0 "${PIDS[0]}" 2>/dev/null || { cat "$DIR/run.log" >&2; die "walcast run exited"; }
+  sleep 0.1
+done
+grep -q 'msg=streaming' "$DIR/run.log" || { cat "$DIR/run.log" >&2; die "walcast run did not start streaming"; }
+
+COUNT=0
+[ -n "$NONINTERACTIVE" ] && COUNT=7
+say "walcast tail: every envelope published to NATS, one JSON line each"
+"$WALCAST_BIN" tail --nats-url "nats://127.0.0.1:$NATSPORT" --count "$COUNT" &
+TAIL=$!
+PIDS+=($TAIL)
+sleep 0.5
+
+step() { say "$1"; printf '   %s\n' "$2" >&2; "${PSQL[@]}" -c "$2" >/dev/null; sleep 0.7; }
+step "insert three orders (direct SQL: no application code involved)" \
+  "INSERT INTO orders VALUES (1, 'new', (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 4000))), (2, 'new', 'gift'), (3, 'new', NULL)"
+step "update order 1's status: its 128 KB TOASTed notes are not rewritten, so they are listed under \"unchanged\"" \
+  "UPDATE orders SET status = 'paid' WHERE id = 1"
+step "delete order 3" "DELETE FROM orders WHERE id = 3"
+step "an application event through the same ordered stream (pg_logical_emit_message)" \
+  "SELECT pg_logical_emit_message(true, 'walcast.demo', '{\"event\":\"invoice-sent\",\"order\":1}')"
+step "truncate orders" "TRUNCATE orders"
+
+if [ -n "$NONINTERACTIVE" ]; then
+  for _ in $(seq 1 $((DEMO_TIMEOUT * 10))); do
+    kill -0 "$TAIL" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$TAIL" 2>/dev/null; then die "not every envelope arrived within ${DEMO_TIMEOUT}s"; fi
+  wait "$TAIL" || die "walcast tail failed"
+  say "demo complete: every change arrived"
+  exit 0
+fi
+
+say "try your own writes:  ${PSQL[*]}"
+say "Ctrl-C stops walcast, NATS and PostgreSQL and removes $DIR"
+wait "$TAIL"
