@@ -71,8 +71,9 @@ type Journal struct {
 
 	// appendMu serializes this process's appends and guards the following
 	// fields. (The meta row lock serializes appends across processes.)
-	appendMu sync.Mutex
-	cache    appendCache
+	appendMu     sync.Mutex
+	cache        appendCache
+	oneShotBytes int // batches encoding larger are streamed (tests lower it)
 
 	lmu      sync.Mutex // guards the following fields
 	closed   bool
@@ -134,6 +135,7 @@ func Open(ctx context.Context, cfg Config) (*Journal, error) {
 		sql:           newStatements(cfg.Schema),
 		secrets:       secrets,
 		rejectForeign: cfg.RejectForeignJournal,
+		oneShotBytes:  defaultOneShotBytes,
 	}
 	sum := sha256.Sum256([]byte(cfg.Schema))
 	j.channel = "walcast_journal_" + hex.EncodeToString(sum[:12])

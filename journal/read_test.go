@@ -573,3 +573,26 @@ func TestWait(t *testing.T) {
 		t.Fatalf("after close: %v", err)
 	}
 }
+
+// TestFilteredReadScansABoundedWindow: a filtered read scans at most
+// scanWindow entries past its cursor; with nothing matching it moves the
+// cursor to the end of that window and says there is more.
+func TestFilteredReadScansABoundedWindow(t *testing.T) {
+	j, gen, _ := newJournal(t)
+	var lsn decoder.LSN
+	w := int(scanWindow(10))
+	appendN(t, j, gen, &lsn, "public.b", w+5)
+	appendN(t, j, gen, &lsn, "public.a", 1)
+	q := Query{Entities: []string{"public.a"}, Limit: 10, FromOldest: true}
+	res := mustRead(t, j, q)
+	if len(res.Changes) != 0 || !res.More {
+		t.Fatalf("first window: %d changes, more=%v", len(res.Changes), res.More)
+	}
+	if p, _ := j.CursorPosition(res.Cursor); p != int64(w) {
+		t.Fatalf("cursor at %d, want the window's end %d", p, w)
+	}
+	res = mustRead(t, j, Query{Entities: q.Entities, Limit: 10, Cursor: res.Cursor})
+	if len(res.Changes) != 1 || res.Changes[0].Seq != int64(w+6) || res.More {
+		t.Fatalf("second window: %+v", res)
+	}
+}

@@ -3,6 +3,7 @@ package journal
 import (
 	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -42,6 +43,7 @@ type appendCache struct {
 	watermark int64
 	next      int64                  // next_seq
 	entities  map[string]entityState // entity_seqs
+	buf       []byte                 // COPY encoding buffer, reused
 }
 
 // querier is what lookups need of a connection.
@@ -56,18 +58,21 @@ var errStale = errors.New("journal state changed since the last append")
 // append is the one write path, in one Postgres transaction.
 //
 // The steady state — this process appended last, under the same generation
-// — is optimistic and costs two round trips: "BEGIN; COPY" streaming the
-// rows numbered from the cached next_seq, then one pipeline that updates the
-// meta row only if generation, next_seq and watermark are still what the
-// cache says (raising an error otherwise), upserts entity sequences,
-// NOTIFYs and COMMITs. Until the UPDATE the append holds no lock, so a
-// fenced or stale appender has written nothing visible; its UPDATE waits
-// for any concurrent holder of the meta row, re-reads it, fails the check
-// and everything is rolled back. Then (and whenever the cache is cold) the
-// append runs again pessimistically: BEGIN and SELECT … FOR UPDATE of the
-// meta row first, which is where a stale generation is reported as
-// ErrFenced. (A stale optimistic COPY can also collide with the seqs another
-// appender committed: the unique violation means the same.)
+// — is optimistic and takes one round trip: the batch is numbered from the
+// cached next_seq and encoded, then a single query string "BEGIN; COPY …;
+// <bookkeeping>; COMMIT" carries it, where the bookkeeping statement
+// (finishSQL) updates the meta row only if generation, next_seq and
+// watermark are still what the cache says and fails otherwise, which stops
+// the query string before COMMIT. Until that UPDATE the append holds no lock,
+// so a fenced or stale appender never makes anything visible: its UPDATE
+// waits for any concurrent holder of the meta row, re-reads it, fails the
+// check, and everything is rolled back (or its COPY already failed on seqs
+// another appender committed). The append then runs again pessimistically —
+// BEGIN and SELECT … FOR UPDATE of the meta row first — which is also the
+// path when the cache is cold, and where a stale generation is reported as
+// ErrFenced. A batch larger than oneShotBytes is streamed instead of
+// encoded first (a spilled transaction is never held in memory) and its
+// bookkeeping and COMMIT take a second round trip.
 //
 // Either way a committed append's seqs start exactly at the next_seq the
 // previous committed append left, and it commits after that one: seq order is
@@ -110,11 +115,9 @@ func (j *Journal) append(ctx context.Context, op string, gen int64, txs []*decod
 
 func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs []*decoder.Transaction, o appendOpts, optimistic bool) (AppendResult, error) {
 	var res AppendResult
-	copySQL := "COPY " + j.sql.entries + " (" + strings.Join(entryColumns, ", ") + ") FROM STDIN (FORMAT binary)"
 	var wm, nextSeq int64
 	if optimistic {
 		wm, nextSeq = j.cache.watermark, j.cache.next
-		copySQL = "BEGIN; " + copySQL
 	} else {
 		var curGen int64
 		b := &pgx.Batch{}
@@ -157,59 +160,40 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 	if err != nil {
 		return res, err
 	}
-	src := &copySource{txs: kept, next: nextSeq, base: j.cache.entities, dirty: map[string]entityState{}, resolve: resolve}
-	if len(kept) > 0 || optimistic {
-		if _, err := conn.PgConn().CopyFrom(ctx, src, copySQL); err != nil {
-			var pgErr *pgconn.PgError
-			if optimistic && errors.As(err, &pgErr) && pgErr.Code == "23505" {
-				return res, errStale // another appender took these seqs
-			}
-			if src.err != nil {
-				err = fmt.Errorf("%w (COPY aborted: %v)", src.err, err)
-			}
-			return res, fmt.Errorf("copy entries: %w", err)
+	src := &copySource{txs: kept, next: nextSeq, base: j.cache.entities, dirty: map[string]entityState{}, resolve: resolve, buf: j.cache.buf[:0]}
+	defer func() {
+		if cap(src.buf) <= j.oneShotBytes+2*copyChunk {
+			j.cache.buf = src.buf[:0] // reuse the encoding buffer
 		}
+	}()
+	// A batch that encodes within j.oneShotBytes is encoded before sending, so
+	// the bookkeeping statement (which needs the batch's totals) and COMMIT
+	// can follow the COPY in the same query string: the whole append is one
+	// round trip. A larger batch streams (a spilled transaction is never
+	// held in memory) and the bookkeeping follows in a second round trip.
+	oneShot := src.prefill(j.oneShotBytes)
+	if src.err != nil {
+		return res, src.err
 	}
-	written := src.next - nextSeq
-
-	// One statement updates the meta row, the entity sequences and notifies.
-	// It fails with division_by_zero when the meta row is not what this
-	// append was built on; the error skips the rest of the pipeline, COMMIT
-	// included. (Data-modifying CTEs run whether or not they are read.)
-	ents := make([]string, 0, len(src.dirty))
-	seqs := make([]int64, 0, len(src.dirty))
-	tenanted := make([]bool, 0, len(src.dirty))
-	for e, st := range src.dirty {
-		ents = append(ents, e)
-		seqs = append(seqs, st.seq)
-		tenanted = append(tenanted, st.tenanted)
+	copySQL := "COPY " + j.sql.entries + " (" + strings.Join(entryColumns, ", ") + ") FROM STDIN (FORMAT binary)"
+	if optimistic {
+		copySQL = "BEGIN; " + copySQL
 	}
-	var notify *string
-	if written > 0 {
-		h := strconv.FormatInt(src.next-1, 10)
-		notify = &h
+	if oneShot {
+		copySQL += "; " + j.finishSQL(src, o, gen, nextSeq, wm, newWM) + "; COMMIT"
 	}
-	b := &pgx.Batch{}
-	b.Queue(`WITH u AS (
-			UPDATE `+j.sql.meta+` SET watermark = $1, next_seq = $2, appended_bytes = appended_bytes + $3,
-				resync_seq = greatest(resync_seq, $4)
-			WHERE generation = $5 AND next_seq = $6 AND watermark = $7 RETURNING 1),
-		e AS (
-			INSERT INTO `+j.sql.entitySeqs+` AS s (entity, last_seq, tenanted)
-			SELECT * FROM unnest($8::text[], $9::bigint[], $10::boolean[])
-			ON CONFLICT (entity) DO UPDATE SET last_seq = excluded.last_seq, tenanted = s.tenanted OR excluded.tenanted)
-		SELECT 1 / (SELECT count(*)::integer FROM u), CASE WHEN $11::text IS NOT NULL THEN pg_notify($12, $11) END`,
-		newWM, src.next, src.bytes, src.resyncSeq, gen, nextSeq, wm, ents, seqs, tenanted, notify, j.channel)
-	if o.source != nil {
-		b.Queue("UPDATE "+j.sql.meta+" SET system_id = $1, timeline = $2, slot = $3", o.source.SystemID, o.source.Timeline, o.source.Slot)
+	_, err = conn.PgConn().CopyFrom(ctx, src, copySQL)
+	if err == nil && !oneShot {
+		err = conn.PgConn().Exec(ctx, j.finishSQL(src, o, gen, nextSeq, wm, newWM)+"; COMMIT").Close()
 	}
-	b.Queue("COMMIT")
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+	if err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "22012" {
-			if optimistic {
-				return res, errStale
-			}
+		switch {
+		case src.err != nil:
+			return res, fmt.Errorf("%w (COPY aborted: %v)", src.err, err)
+		case errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "22012") && optimistic:
+			return res, errStale // another appender moved the meta row or took these seqs
+		case errors.As(err, &pgErr) && pgErr.Code == "22012":
 			return res, fmt.Errorf("meta row changed under its lock (a bug): %w", err)
 		}
 		return res, err
@@ -217,6 +201,7 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 	if st := conn.PgConn().TxStatus(); st != 'I' {
 		return res, fmt.Errorf("commit did not end the transaction (status %q)", st)
 	}
+	written := src.next - nextSeq
 
 	if j.cache.entities == nil {
 		j.cache.entities = map[string]entityState{}
@@ -232,6 +217,59 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 	}
 	res.TenantUnknown = src.unknown
 	return res, nil
+}
+
+// defaultOneShotBytes is the largest encoded batch sent in one round trip.
+const defaultOneShotBytes = 16 << 20
+
+// finishSQL is the statement that completes an append after its COPY: it
+// updates the meta row, upserts the entity sequences and notifies. It fails
+// with division_by_zero when the meta row is not what the append was built on
+// (generation, next_seq, watermark), and an error stops the query string, so
+// the COMMIT after it never runs. Data-modifying CTEs run whether or not they
+// are read. It is sent as a simple query after the COPY data, so values are
+// inlined: numbers formatted by strconv, text as hex (decode(…, 'hex')),
+// which no setting or input can turn into SQL.
+func (j *Journal) finishSQL(src *copySource, o appendOpts, gen, nextSeq, wm, newWM int64) string {
+	var b strings.Builder
+	i := func(v int64) string { return strconv.FormatInt(v, 10) }
+	b.WriteString("WITH u AS (UPDATE " + j.sql.meta + " SET watermark = " + i(newWM) + ", next_seq = " + i(src.next) +
+		", appended_bytes = appended_bytes + " + i(src.bytes) + ", resync_seq = greatest(resync_seq, " + i(src.resyncSeq) + ")")
+	if o.source != nil {
+		b.WriteString(", system_id = " + textLit(o.source.SystemID) + ", timeline = " + i(int64(o.source.Timeline)) + ", slot = " + textLit(o.source.Slot))
+	}
+	b.WriteString(" WHERE generation = " + i(gen) + " AND next_seq = " + i(nextSeq) + " AND watermark = " + i(wm) + " RETURNING 1)")
+	// Entities this process knows get a plain UPDATE (cheaper than an
+	// upsert's speculative insertion); new ones an INSERT that still
+	// tolerates a row it did not know of.
+	var upd, ins []string
+	for e, st := range src.dirty {
+		row := "(" + textLit(e) + "," + i(st.seq) + "," + strconv.FormatBool(st.tenanted) + ")"
+		if _, known := src.base[e]; known {
+			upd = append(upd, row)
+		} else {
+			ins = append(ins, row)
+		}
+	}
+	if len(upd) > 0 {
+		b.WriteString(", e AS (UPDATE " + j.sql.entitySeqs + " AS s SET last_seq = v.seq, tenanted = s.tenanted OR v.tenanted FROM (VALUES " +
+			strings.Join(upd, ",") + ") AS v(entity, seq, tenanted) WHERE s.entity = v.entity)")
+	}
+	if len(ins) > 0 {
+		b.WriteString(", n AS (INSERT INTO " + j.sql.entitySeqs + " AS s (entity, last_seq, tenanted) VALUES " + strings.Join(ins, ",") +
+			" ON CONFLICT (entity) DO UPDATE SET last_seq = excluded.last_seq, tenanted = s.tenanted OR excluded.tenanted)")
+	}
+	b.WriteString(" SELECT 1 / (SELECT count(*)::integer FROM u)")
+	if src.next > nextSeq {
+		b.WriteString(", pg_notify(" + textLit(j.channel) + ", '" + i(src.next-1) + "')")
+	}
+	return b.String()
+}
+
+// textLit renders s as an SQL expression of type text that is safe whatever
+// s holds and whatever standard_conforming_strings says.
+func textLit(s string) string {
+	return "convert_from(decode('" + hex.EncodeToString([]byte(s)) + "', 'hex'), 'UTF8')"
 }
 
 func (j *Journal) loadEntities(ctx context.Context, q querier) error {
@@ -295,17 +333,29 @@ func (s *copySource) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// fill encodes rows into buf until it holds about copyChunk bytes or the
-// batch ends.
+// prefill encodes rows until the batch ends (true) or limit bytes are
+// buffered (false); Read then serves them first.
+func (s *copySource) prefill(limit int) bool {
+	s.encodeUntil(limit)
+	return s.finished && s.err == nil
+}
+
+// fill replaces buf with about copyChunk bytes of rows.
 func (s *copySource) fill() {
 	s.buf, s.off = s.buf[:0], 0
+	s.encodeUntil(copyChunk)
+}
+
+// encodeUntil appends rows to buf until it holds limit bytes or the batch
+// ends (appending the trailer and setting finished).
+func (s *copySource) encodeUntil(limit int) {
 	if !s.started {
 		s.started = true
 		s.buf = append(s.buf, "PGCOPY\n\xff\r\n\x00"...)
 		s.buf = binary.BigEndian.AppendUint32(s.buf, 0) // flags
 		s.buf = binary.BigEndian.AppendUint32(s.buf, 0) // header extension
 	}
-	for len(s.buf) < copyChunk {
+	for len(s.buf) < limit && !s.finished {
 		if s.it == nil {
 			if s.ti >= len(s.txs) {
 				s.buf = binary.BigEndian.AppendUint16(s.buf, 0xffff) // trailer
