@@ -28,4 +28,16 @@
 // the floor is the oldest retained seq. A cursor holds the seq of the last
 // entry its reader has been given; reading returns entries above it. See
 // Changes for when a cursor requires a resync.
+//
+// # Tenancy
+//
+// A key-only change whose tenant the decoder could not know (a DELETE under
+// REPLICA IDENTITY DEFAULT) takes the tenant of the newest journaled change
+// of the same entity and key, found through entries.key_hash; within one
+// batch, earlier changes of the batch count. To keep that index off the
+// append path of deployments without tenancy, key_hash is stored only once
+// an entity is known to carry tenants (one of its changes had a tenant or
+// lacked one); a delete whose key has no such retained change is marked
+// tenantUnknown and reaches no tenant-scoped or unscoped reader (fail
+// closed), only AllTenants readers.
 package journal
