@@ -55,28 +55,26 @@ type querier interface {
 // process's last append; it was rolled back and is retried under the lock.
 var errStale = errors.New("journal state changed since the last append")
 
-// append is the one write path, in one Postgres transaction.
+// append is the one write path, in one Postgres transaction that holds the
+// meta row lock from before its first row is written until it commits.
 //
 // The steady state — this process appended last, under the same generation
 // — is optimistic and takes one round trip: the batch is numbered from the
-// cached next_seq and encoded, then a single query string "BEGIN; COPY …;
-// <bookkeeping>; COMMIT" carries it, where the bookkeeping statement
-// (finishSQL) updates the meta row only if generation, next_seq and
-// watermark are still what the cache says and fails otherwise, which stops
-// the query string before COMMIT. Until that UPDATE the append holds no lock,
-// so a fenced or stale appender never makes anything visible: its UPDATE
-// waits for any concurrent holder of the meta row, re-reads it, fails the
-// check, and everything is rolled back (or its COPY already failed on seqs
-// another appender committed). The append then runs again pessimistically —
-// BEGIN and SELECT … FOR UPDATE of the meta row first — which is also the
-// path when the cache is cold, and where a stale generation is reported as
-// ErrFenced. A batch larger than oneShotBytes is streamed instead of
-// encoded first (a spilled transaction is never held in memory) and its
-// bookkeeping and COMMIT take a second round trip.
+// cached next_seq and encoded, then one query string carries "BEGIN; lock
+// the meta row if generation, next_seq and watermark are what the cache says
+// (fail otherwise); COPY …; <bookkeeping>; COMMIT". A failed statement stops
+// the query string (the server drops the COPY data), so a fenced or stale
+// appender writes nothing; the append then runs again pessimistically —
+// BEGIN and SELECT … FOR UPDATE of the meta row first, in their own round
+// trip — which is also the path when the cache is cold, and where a stale
+// generation is reported as ErrFenced. A batch larger than j.oneShotBytes is
+// streamed instead of encoded first (a spilled transaction is never held in
+// memory) and its bookkeeping and COMMIT take one more round trip.
 //
-// Either way a committed append's seqs start exactly at the next_seq the
-// previous committed append left, and it commits after that one: seq order is
-// commit order, with no gaps.
+// Because the lock is taken before seqs are written and released only by
+// commit, a committed append's seqs start exactly at the next_seq the
+// previous committed append left, and it becomes visible after that one:
+// seq order is commit order, with no gaps.
 func (j *Journal) append(ctx context.Context, op string, gen int64, txs []*decoder.Transaction, o appendOpts) (res AppendResult, err error) {
 	if gen < 1 {
 		return AppendResult{}, &Error{Op: op, Err: fmt.Errorf("%w (generation %d was never acquired)", ErrFenced, gen), Fix: "call Acquire before appending"}
@@ -177,7 +175,12 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 	}
 	copySQL := "COPY " + j.sql.entries + " (" + strings.Join(entryColumns, ", ") + ") FROM STDIN (FORMAT binary)"
 	if optimistic {
-		copySQL = "BEGIN; " + copySQL
+		// Lock the meta row and check it is what the cache says before any
+		// row is written; on a mismatch the division fails and the rest of
+		// the query string, COPY data included, is discarded by the server.
+		copySQL = "BEGIN; SELECT 1 / count(*)::integer FROM (SELECT 1 FROM " + j.sql.meta +
+			" WHERE generation = " + strconv.FormatInt(gen, 10) + " AND next_seq = " + strconv.FormatInt(nextSeq, 10) +
+			" AND watermark = " + strconv.FormatInt(wm, 10) + " FOR UPDATE) l; " + copySQL
 	}
 	if oneShot {
 		copySQL += "; " + j.finishSQL(src, o, gen, nextSeq, wm, newWM) + "; COMMIT"
@@ -191,8 +194,8 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 		switch {
 		case src.err != nil:
 			return res, fmt.Errorf("%w (COPY aborted: %v)", src.err, err)
-		case errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "22012") && optimistic:
-			return res, errStale // another appender moved the meta row or took these seqs
+		case errors.As(err, &pgErr) && pgErr.Code == "22012" && optimistic:
+			return res, errStale // the meta row moved since this process's last append
 		case errors.As(err, &pgErr) && pgErr.Code == "22012":
 			return res, fmt.Errorf("meta row changed under its lock (a bug): %w", err)
 		}
@@ -223,10 +226,10 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 const defaultOneShotBytes = 16 << 20
 
 // finishSQL is the statement that completes an append after its COPY: it
-// updates the meta row, upserts the entity sequences and notifies. It fails
-// with division_by_zero when the meta row is not what the append was built on
-// (generation, next_seq, watermark), and an error stops the query string, so
-// the COMMIT after it never runs. Data-modifying CTEs run whether or not they
+// updates the meta row, upserts the entity sequences and notifies. (It still
+// fails with division_by_zero should the meta row not be what the append was
+// built on — impossible under the lock — and an error stops the query
+// string, so the COMMIT after it would never run.) Data-modifying CTEs run whether or not they
 // are read. It is sent as a simple query after the COPY data, so values are
 // inlined: numbers formatted by strconv, text as hex (decode(…, 'hex')),
 // which no setting or input can turn into SQL.
