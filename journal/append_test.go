@@ -467,3 +467,37 @@ func TestStreamedAppend(t *testing.T) {
 		t.Fatalf("key-only delete not routed to its tenant: %+v", last)
 	}
 }
+
+// TestSurvivesTerminatedConnections ends every journal session on the server
+// (as a restart or a failover would); the next calls reconnect instead of
+// failing on dead pooled connections.
+func TestSurvivesTerminatedConnections(t *testing.T) {
+	old := pingAfter
+	pingAfter = 0
+	t.Cleanup(func() { pingAfter = old })
+	j, gen, url := newJournal(t)
+	ctx := testCtx(t)
+	mustAppend(t, j, gen, mkTx(1, 100, testEpoch, ins("public.a", 1)))
+	if _, err := j.Wait(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	admin := openAt(t, url, func(c *Config) { c.Schema = "admin_unused" })
+	var killed int
+	if err := admin.queryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid()`, nil, &killed); err != nil {
+		t.Fatal(err)
+	}
+	if killed < 2 {
+		t.Fatalf("terminated %d sessions, want the pooled and the LISTEN one", killed)
+	}
+	res := mustAppend(t, j, gen, mkTx(2, 200, testEpoch, ins("public.a", 2)))
+	if res.FirstSeq != 2 {
+		t.Fatalf("%+v", res)
+	}
+	// The listener reconnects too and sees the new horizon.
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if h, err := j.Wait(wctx, 1); err != nil || h != 2 {
+		t.Fatalf("wait after reconnect: %d %v", h, err)
+	}
+}

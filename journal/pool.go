@@ -19,9 +19,19 @@ type connPool struct {
 	sem chan struct{} // one token per open-or-opening connection in use
 
 	mu     sync.Mutex // guards the following fields
-	idle   []*pgx.Conn
+	idle   []idleConn
 	closed bool
 }
+
+type idleConn struct {
+	c     *pgx.Conn
+	since time.Time
+}
+
+// pingAfter is how long a connection may sit idle before it is checked on
+// reuse, so that a server restart costs a reconnect rather than a failed
+// call.
+var pingAfter = 10 * time.Second // a variable for tests
 
 func newConnPool(cfg *pgx.ConnConfig, max int) *connPool {
 	return &connPool{cfg: cfg, sem: make(chan struct{}, max)}
@@ -41,11 +51,19 @@ func (p *connPool) acquire(ctx context.Context) (*pgx.Conn, error) {
 		<-p.sem
 		return nil, ErrClosed
 	}
-	if n := len(p.idle); n > 0 {
-		c := p.idle[n-1]
-		p.idle = p.idle[:n-1]
+	for len(p.idle) > 0 {
+		ic := p.idle[len(p.idle)-1]
+		p.idle = p.idle[:len(p.idle)-1]
 		p.mu.Unlock()
-		return c, nil
+		if time.Since(ic.since) < pingAfter || ic.c.Ping(ctx) == nil {
+			return ic.c, nil
+		}
+		closeConn(ic.c)
+		if err := ctx.Err(); err != nil {
+			<-p.sem
+			return nil, err
+		}
+		p.mu.Lock()
 	}
 	p.mu.Unlock()
 	c, err := pgx.ConnectConfig(ctx, p.cfg.Copy())
@@ -63,7 +81,7 @@ func (p *connPool) release(c *pgx.Conn) {
 	pc := c.PgConn()
 	p.mu.Lock()
 	if !p.closed && !c.IsClosed() && !pc.IsBusy() && pc.TxStatus() == 'I' {
-		p.idle = append(p.idle, c)
+		p.idle = append(p.idle, idleConn{c: c, since: time.Now()})
 		p.mu.Unlock()
 		return
 	}
@@ -84,8 +102,8 @@ func (p *connPool) close() {
 	idle := p.idle
 	p.idle = nil
 	p.mu.Unlock()
-	for _, c := range idle {
-		closeConn(c)
+	for _, ic := range idle {
+		closeConn(ic.c)
 	}
 }
 
