@@ -57,9 +57,12 @@ type AppendResult struct {
 
 // Append journals a batch of committed source transactions, in commit order,
 // in one Postgres transaction: it assigns contiguous seqs and per-entity
-// contiguous entitySeqs, writes every change with COPY (streaming spilled
-// transactions without materialising them), advances the watermark to the
-// greatest commit end LSN journaled and notifies waiting readers.
+// contiguous entitySeqs, writes every change with COPY, advances the
+// watermark to the greatest commit end LSN journaled and notifies waiting
+// readers. In the steady state (this process appended last) that is one
+// round trip. A batch is encoded in memory up to 16 MiB; beyond that it is
+// streamed from the transactions' iterators, so a spilled transaction is
+// never materialised.
 //
 // Transactions whose EndLSN is at or below the watermark (or at or below an
 // earlier transaction of the same batch) are replays and are skipped. An
@@ -67,8 +70,11 @@ type AppendResult struct {
 //
 // gen must be the current fencing generation (Acquire); otherwise the error
 // wraps ErrFenced and nothing is written, even when Acquire races the append.
-// On any error nothing is written. The caller keeps ownership of the
-// transactions (it closes them).
+// On an error nothing is written — except that when the connection is lost
+// while COMMIT is in flight the outcome is unknown; appending the same
+// transactions again is always safe, since journaled ones are then skipped
+// as replays. The caller keeps ownership of the transactions (it closes
+// them).
 func (j *Journal) Append(ctx context.Context, gen int64, txs []*decoder.Transaction) (AppendResult, error) {
 	return j.append(ctx, "journal.Append", gen, txs, appendOpts{})
 }
@@ -113,11 +119,12 @@ func (j *Journal) AppendResync(ctx context.Context, gen int64, r Resync) (Append
 		}
 		wm = cur
 	}
+	lsn, _ := wm.MarshalText()
 	var body bytes.Buffer
 	body.WriteString(`{"lsn":"`)
-	body.WriteString(wm.String())
+	body.Write(lsn)
 	body.WriteString(`","commitLsn":"`)
-	body.WriteString(wm.String())
+	body.Write(lsn)
 	body.WriteString(`","xid":0,"commitTime":"`)
 	body.WriteString(r.Time.Format("2006-01-02T15:04:05.000000Z07:00"))
 	body.WriteString(`","op":"resync","reason":`)
