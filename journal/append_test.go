@@ -501,3 +501,80 @@ func TestSurvivesTerminatedConnections(t *testing.T) {
 		t.Fatalf("wait after reconnect: %d %v", h, err)
 	}
 }
+
+// TestKilledBackendMidAppendLeavesNothing terminates the server process of
+// an append while its COPY runs — a crash of the journal's session — and
+// checks that nothing of the batch is visible and the next append continues
+// the sequence.
+func TestKilledBackendMidAppendLeavesNothing(t *testing.T) {
+	j, gen, url := newJournal(t)
+	admin := openAt(t, url, func(c *Config) { c.Schema = "admin_unused" })
+	ctx := testCtx(t)
+	mustAppend(t, j, gen, mkTx(1, 100, testEpoch, ins("public.a", 0)))
+	var cs []chg
+	for i := 1; i <= 30000; i++ {
+		c := ins(fmt.Sprintf("public.t%d", i%5), i)
+		c.pad = 300
+		cs = append(cs, c)
+	}
+	big := mkTx(2, 10_000_000, testEpoch, cs...)
+	killed := 0
+	for attempt := 0; attempt < 10 && killed == 0; attempt++ {
+		done := make(chan error, 1)
+		go func() { _, err := j.Append(ctx, gen, []*decoder.Transaction{big}); done <- err }()
+		var err error
+	poll:
+		for {
+			select {
+			case err = <-done:
+				break poll
+			default:
+			}
+			var n int
+			if qerr := admin.queryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+				WHERE datname = current_database() AND state = 'active' AND query LIKE '%COPY%entries%'
+				AND pid <> pg_backend_pid()`, nil, &n); qerr != nil {
+				t.Fatal(qerr)
+			}
+			if n > 0 {
+				err = <-done
+				break poll
+			}
+		}
+		st, serr := admin.queryRowState(ctx, j)
+		if serr != nil {
+			t.Fatal(serr)
+		}
+		if err == nil { // the append won the race; start over
+			if st.Horizon != 30001 {
+				t.Fatalf("committed append left horizon %d", st.Horizon)
+			}
+			j, gen, url = newJournal(t)
+			admin = openAt(t, url, func(c *Config) { c.Schema = "admin_unused" })
+			mustAppend(t, j, gen, mkTx(1, 100, testEpoch, ins("public.a", 0)))
+			continue
+		}
+		killed++
+		if st.Horizon != 1 || st.Watermark != 100 || st.Rows != 1 {
+			t.Fatalf("killed append (%v) left state: %+v", err, st)
+		}
+		assertEntryCount(t, j, 1)
+	}
+	if killed == 0 {
+		t.Fatal("no append was ever killed mid-COPY")
+	}
+	res := mustAppend(t, j, gen, big)
+	if res.FirstSeq != 2 || res.LastSeq != 30001 {
+		t.Fatalf("after the crash: %+v", res)
+	}
+}
+
+// queryRowState reads j's state through another journal's connections.
+func (a *Journal) queryRowState(ctx context.Context, j *Journal) (State, error) {
+	var s State
+	var wm int64
+	err := a.queryRow(ctx, `SELECT m.watermark, m.next_seq - 1, m.next_seq - r.floor FROM `+j.sql.meta+` m, `+j.sql.retention+` r`, nil,
+		&wm, &s.Horizon, &s.Rows)
+	s.Watermark = decoder.LSN(wm)
+	return s, err
+}
