@@ -1,0 +1,581 @@
+package fanout
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/internal/backoff"
+	"github.com/walcast/walcast/journal"
+)
+
+// frame is one encoded node → client frame. The same frame (one byte slice,
+// one prepared WebSocket frame) is queued on every socket it goes to.
+type frame struct {
+	pm   *websocket.PreparedMessage
+	size int
+}
+
+func newFrame(b []byte) *frame {
+	pm, err := websocket.NewPreparedMessage(websocket.TextMessage, b)
+	if err != nil { // only for an invalid message type
+		panic(err)
+	}
+	return &frame{pm: pm, size: len(b)}
+}
+
+// changeFrame encodes {"t":"change","topic":…,"cursor":…,"change":envelope}.
+func changeFrame(topic, cursor string, envelope []byte) *frame {
+	tq, _ := json.Marshal(topic)
+	b := make([]byte, 0, len(envelope)+len(tq)+len(cursor)+48)
+	b = append(b, `{"t":"change","topic":`...)
+	b = append(b, tq...)
+	b = append(b, `,"cursor":"`...)
+	b = append(b, cursor...) // base64url: nothing to escape
+	b = append(b, `","change":`...)
+	b = append(b, envelope...)
+	b = append(b, '}')
+	return newFrame(b)
+}
+
+// controlFrame encodes {"t":kind,"topic":…,"cursor":…} (subscribed,
+// replay-gap, resync).
+func controlFrame(kind, topic, cursor string) *frame {
+	b, _ := json.Marshal(struct {
+		T      string `json:"t"`
+		Topic  string `json:"topic"`
+		Cursor string `json:"cursor"`
+	}{kind, topic, cursor})
+	return newFrame(b)
+}
+
+func errorFrame(code, message, topic string) *frame {
+	b, _ := json.Marshal(struct {
+		T       string `json:"t"`
+		Code    string `json:"code"`
+		Message string `json:"message"`
+		Topic   string `json:"topic,omitempty"`
+	}{"error", code, message, topic})
+	return newFrame(b)
+}
+
+var pongFrame = newFrame([]byte(`{"t":"pong"}`))
+
+// socketGap is a topic owed a replay-gap frame once the queue drains.
+type socketGap struct{ topic, cursor string }
+
+// socket is one WebSocket connection. The handler goroutine that upgraded
+// it reads it and owns it; it starts the writer and catch-up goroutines on
+// demand and waits for them before returning.
+type socket struct {
+	n      *SyncNode
+	conn   *websocket.Conn
+	claims *Claims
+	ctx    context.Context // ends when the socket closes
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // writer and catch-up goroutines
+
+	lastRecv atomic.Int64       // clock time (UnixNano) of the last inbound frame
+	inbound  *tokenBucket       // inbound frame budget
+	members  map[string]*member // by topic; owned by the reading goroutine
+	readDone chan struct{}      // closed when the read loop returns
+
+	mu          sync.Mutex // guards the following fields
+	queue       []*frame   // outbound, queue[head:] pending
+	head        int
+	queued      int // bytes of frames queued or being written
+	writing     bool
+	room        chan struct{} // closed by the writer when it frees bytes; nil when nobody waits
+	gaps        []socketGap
+	drops       DropWindow
+	closing     bool
+	closeCode   int
+	closeReason string
+}
+
+// serveSocket authenticates, applies the admission limits and upgrades; the
+// handler goroutine then reads the socket until it closes.
+func (n *SyncNode) serveSocket(w http.ResponseWriter, r *http.Request) {
+	claims, err := n.cfg.Auth.Verify(tokenFromRequest(r))
+	if err != nil {
+		n.stats.inc(&n.stats.rejected, "unauthorized")
+		w.Header().Set("WWW-Authenticate", `Bearer realm="walcast"`)
+		http.Error(w, err.Error(), http.StatusUnauthorized)
+		return
+	}
+	if ok, wait := n.accept.take(); !ok {
+		n.stats.inc(&n.stats.rejected, "accept-rate")
+		w.Header().Set("Retry-After", strconv.Itoa(int(max(1, (wait+time.Second-1)/time.Second))))
+		http.Error(w, "too many new connections; retry later", http.StatusServiceUnavailable)
+		return
+	}
+	n.mu.Lock()
+	switch {
+	case n.closed:
+		n.mu.Unlock()
+		http.Error(w, "node shutting down", http.StatusServiceUnavailable)
+		return
+	case n.cfg.MaxConnections > 0 && len(n.sockets) >= n.cfg.MaxConnections:
+		n.mu.Unlock()
+		n.stats.inc(&n.stats.rejected, "max-connections")
+		w.Header().Set("Retry-After", "5")
+		http.Error(w, "connection limit reached", http.StatusServiceUnavailable)
+		return
+	}
+	// Reserve the slot before the upgrade so concurrent handshakes cannot
+	// overshoot MaxConnections.
+	s := &socket{n: n, claims: claims, members: map[string]*member{}, readDone: make(chan struct{})}
+	s.ctx, s.cancel = context.WithCancel(n.ctx)
+	s.drops = DropWindow{Max: n.cfg.MaxDroppedFrames}
+	s.inbound = newTokenBucket(n.cfg.InboundRate, n.cfg.InboundBurst, n.cfg.Clock)
+	s.lastRecv.Store(n.cfg.Clock.Now().UnixNano())
+	n.sockets[s] = struct{}{}
+	n.conns.Add(1)
+	n.mu.Unlock()
+	defer func() {
+		n.mu.Lock()
+		delete(n.sockets, s)
+		n.mu.Unlock()
+		n.conns.Done()
+	}()
+
+	conn, err := n.upgrader.Upgrade(w, r, nil)
+	if err != nil {
+		s.cancel()
+		return // the upgrader answered the request
+	}
+	if n.cfg.sndBuf > 0 {
+		if tc, ok := conn.NetConn().(*net.TCPConn); ok {
+			_ = tc.SetWriteBuffer(n.cfg.sndBuf)
+		}
+	}
+	s.conn = conn
+	n.stats.socketsOpen.Add(1)
+	defer n.stats.socketsOpen.Add(-1)
+	s.run()
+}
+
+// run reads the socket until it fails or closes, then tears it down.
+func (s *socket) run() {
+	reason := "client"
+	for {
+		_, r, err := s.conn.NextReader()
+		if err != nil {
+			break
+		}
+		if s.isClosing() {
+			continue // drain until the peer answers our close
+		}
+		b, err := io.ReadAll(io.LimitReader(r, int64(s.n.cfg.MaxFrameBytes)+1))
+		if err != nil {
+			break
+		}
+		s.lastRecv.Store(s.n.cfg.Clock.Now().UnixNano())
+		if len(b) > s.n.cfg.MaxFrameBytes {
+			s.closeWith(websocket.ClosePolicyViolation, "frame too large", "oversized-frame")
+			continue
+		}
+		if ok, _ := s.inbound.take(); !ok {
+			s.closeWith(websocket.ClosePolicyViolation, "rate limit exceeded", "flood")
+			continue
+		}
+		s.handle(b)
+	}
+	close(s.readDone)
+	for _, m := range s.members {
+		s.n.leave(m)
+	}
+	s.members = nil
+	s.cancel()
+	s.closeWith(websocket.CloseNormalClosure, "", reason)
+	s.wg.Wait()
+	_ = s.conn.Close()
+}
+
+// clientFrame is what a client sends.
+type clientFrame struct {
+	T      string `json:"t"`
+	Topic  string `json:"topic"`
+	Cursor string `json:"cursor"`
+}
+
+func (s *socket) handle(b []byte) {
+	var f clientFrame
+	if err := json.Unmarshal(b, &f); err != nil || f.T == "" {
+		s.closeWith(websocket.ClosePolicyViolation, "invalid JSON frame", "invalid-frame")
+		return
+	}
+	switch f.T {
+	case "ping":
+		s.enqueue(pongFrame, nil)
+	case "sub":
+		s.subscribe(f.Topic, f.Cursor)
+	case "unsub":
+		if m := s.members[f.Topic]; m != nil {
+			delete(s.members, f.Topic)
+			s.n.leave(m)
+		}
+	default:
+		s.enqueue(errorFrame("bad-request", "unknown frame type "+strconv.Quote(f.T), ""), nil)
+	}
+}
+
+// subscribe makes the socket a member of topic: live subscription first,
+// then the journal from the cursor (or from now), then live.
+func (s *socket) subscribe(topic, cursor string) {
+	n := s.n
+	if _, _, ok := decoder.SplitEntity(topic); !ok {
+		s.enqueue(errorFrame("bad-topic", "a topic is an entity, schema.table", topic), nil)
+		return
+	}
+	if !s.claims.Allows(topic) {
+		s.enqueue(errorFrame("forbidden", "the token does not grant this topic", topic), nil)
+		return
+	}
+	if old := s.members[topic]; old != nil {
+		delete(s.members, topic)
+		n.leave(old)
+	}
+	q := journal.Query{Entities: []string{topic}, Tenant: s.claims.Tenant}
+	m := &member{s: s, topic: topic, q: q, state: memberCatchingUp}
+	resync := false
+	if cursor != "" {
+		q.Cursor = cursor
+		pos, reason, err := n.j.CheckCursor(q)
+		switch {
+		case errors.Is(err, journal.ErrCursorTampered):
+			s.enqueue(errorFrame("bad-cursor", "cursor is malformed or not signed by this deployment; subscribe without one", topic), nil)
+			return
+		case errors.Is(err, journal.ErrCursorScope):
+			s.enqueue(errorFrame("bad-cursor", "cursor was issued for another topic or tenant", topic), nil)
+			return
+		case errors.Is(err, journal.ErrForeignJournal):
+			s.enqueue(errorFrame("bad-cursor", "cursor was issued by another journal", topic), nil)
+			return
+		case err != nil:
+			s.enqueue(errorFrame("unavailable", "cannot check the cursor now; retry", topic), nil)
+			return
+		case reason != "":
+			resync = true
+		default:
+			m.pos = pos
+		}
+	}
+	if cursor == "" || resync {
+		h, err := n.currentHorizon(s.ctx, q)
+		if err != nil {
+			s.enqueue(errorFrame("unavailable", "journal unavailable; retry", topic), nil)
+			return
+		}
+		m.pos = h
+	}
+	cur, err := n.j.CursorAt(q, m.pos)
+	if err != nil {
+		s.enqueue(errorFrame("unavailable", "cannot issue cursors", topic), nil)
+		return
+	}
+	if resync {
+		s.enqueue(controlFrame("resync", topic, cur), nil)
+	} else {
+		s.enqueue(controlFrame("subscribed", topic, cur), nil)
+	}
+	if _, err := n.join(s.ctx, m); err != nil {
+		n.log.Warn("subscribe failed", "topic", topic, "err", err)
+		s.enqueue(errorFrame("unavailable", "cannot subscribe now; retry", topic), nil)
+		return
+	}
+	s.members[topic] = m
+	m.t.mu.Lock()
+	if m.state == memberCatchingUp {
+		s.startCatchUp(m)
+	}
+	m.t.mu.Unlock()
+}
+
+// currentHorizon is where a subscription without a cursor starts: the
+// journal horizon the node follows, or a fresh read before it is known.
+// Starting a little early is harmless (the client sees a few recent
+// changes); late would lose them, and cannot happen because the catch-up
+// read follows the live subscription.
+func (n *SyncNode) currentHorizon(ctx context.Context, q journal.Query) (int64, error) {
+	if n.horizonKnown.Load() {
+		return n.horizon.Load(), nil
+	}
+	c, err := n.j.HorizonCursor(ctx, q)
+	if err != nil {
+		return 0, err
+	}
+	return n.j.CursorPosition(c)
+}
+
+// startCatchUp runs m's catch-up on a goroutine the socket owns. m.t.mu is
+// held.
+func (s *socket) startCatchUp(m *member) {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		s.catchUp(m)
+	}()
+}
+
+// catchUp reads the journal from m's position (sharing reads with every
+// member at the same place) until it has covered everything the topic has
+// seen live, then makes m live.
+func (s *socket) catchUp(m *member) {
+	t := m.t
+	bo := backoff.New(100*time.Millisecond, 5*time.Second)
+	for {
+		t.mu.Lock()
+		if m.state != memberCatchingUp {
+			t.mu.Unlock()
+			return
+		}
+		from := m.pos
+		m.repair = false
+		t.mu.Unlock()
+
+		page, err := s.n.reads.read(s.ctx, m.q, from)
+		if err != nil {
+			if s.ctx.Err() != nil {
+				return
+			}
+			s.n.log.Warn("journal read for a socket failed; retrying", "topic", m.topic, "err", err)
+			if _, err := bo.Wait(s.ctx); err != nil {
+				return
+			}
+			continue
+		}
+		bo.Reset()
+
+		t.mu.Lock()
+		if m.state != memberCatchingUp || m.pos != from {
+			t.mu.Unlock() // moved by a resync meanwhile: read again from there
+			continue
+		}
+		if page.resync != nil {
+			m.deliverLocked(page.resync, page.resyncPos)
+			t.mu.Unlock()
+			continue
+		}
+		t.mu.Unlock()
+		// A replay is paced by the socket: it waits for room in the queue
+		// instead of dropping (only live frames are dropped).
+		moved := false
+		for i, f := range page.frames {
+			if !s.waitRoom(f.size) {
+				return
+			}
+			t.mu.Lock()
+			if m.state != memberCatchingUp || m.pos > page.seqs[i] || m.pos < from {
+				t.mu.Unlock()
+				moved = true
+				break
+			}
+			if m.pos == page.seqs[i] {
+				t.mu.Unlock()
+				continue
+			}
+			m.deliverLocked(f, page.seqs[i])
+			t.mu.Unlock()
+		}
+		t.mu.Lock()
+		if moved || m.state != memberCatchingUp {
+			t.mu.Unlock()
+			continue
+		}
+		m.pos = max(m.pos, page.end)
+		if page.more || m.repair || t.lastSeen > m.pos {
+			t.mu.Unlock()
+			continue
+		}
+		m.state = memberLive
+		t.mu.Unlock()
+		return
+	}
+}
+
+// waitRoom waits until size bytes fit in the outbound queue. It reports
+// false when the socket closes first.
+func (s *socket) waitRoom(size int) bool {
+	for {
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			return false
+		}
+		if s.queued == 0 || s.queued+size <= s.n.cfg.MaxBufferedBytes {
+			s.mu.Unlock()
+			return true
+		}
+		if s.room == nil {
+			s.room = make(chan struct{})
+		}
+		ch := s.room
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-s.ctx.Done():
+			return false
+		}
+	}
+}
+
+func (s *socket) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
+}
+
+// enqueue queues f. A frame that does not fit in MaxBufferedBytes is
+// dropped: it is counted, the member's topic is owed a replay-gap (when m is
+// not nil) and the drop window may close the socket. It reports whether f
+// was queued. Callers may hold t.mu.
+func (s *socket) enqueue(f *frame, m *member) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing || s.conn == nil {
+		return false
+	}
+	// An empty queue takes any frame, so a change larger than the bound is
+	// still deliverable.
+	if s.queued > 0 && s.queued+f.size > s.n.cfg.MaxBufferedBytes {
+		s.n.stats.framesDropped.Add(1)
+		if m != nil {
+			cur, _ := s.n.j.CursorAt(m.q, m.pos)
+			s.gaps = append(s.gaps, socketGap{m.topic, cur})
+		}
+		if s.drops.Add(s.n.cfg.Clock.Now()) {
+			s.closeLocked(websocket.CloseTryAgainLater, "backpressure", "backpressure")
+		}
+		return false
+	}
+	s.queue = append(s.queue, f)
+	s.queued += f.size
+	s.startWriterLocked()
+	return true
+}
+
+func (s *socket) startWriterLocked() {
+	if s.writing {
+		return
+	}
+	s.writing = true
+	s.wg.Add(1)
+	go s.write()
+}
+
+// closeWith closes the socket with code and reason (once; later calls do
+// nothing). metricReason labels the close in metrics.
+func (s *socket) closeWith(code int, reason, metricReason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closeLocked(code, reason, metricReason)
+}
+
+func (s *socket) closeLocked(code int, reason, metricReason string) {
+	if s.closing {
+		return
+	}
+	s.closing, s.closeCode, s.closeReason = true, code, reason
+	s.n.stats.inc(&s.n.stats.closed, metricReason)
+	clear(s.queue[s.head:])
+	s.queue, s.head, s.gaps = nil, 0, nil
+	if s.conn != nil {
+		s.startWriterLocked()
+	}
+}
+
+// write is the socket's only writer. It runs while frames are queued and
+// exits when the queue is empty, so an idle socket holds no writer
+// goroutine. Once drained it sends the replay-gaps owed; once closing it
+// sends the close frame and closes the connection.
+func (s *socket) write() {
+	defer s.wg.Done()
+	for {
+		s.mu.Lock()
+		if s.closing {
+			s.writing = false
+			code, reason := s.closeCode, s.closeReason
+			s.mu.Unlock()
+			s.sendClose(code, reason)
+			return
+		}
+		if s.head == len(s.queue) {
+			if len(s.gaps) == 0 {
+				s.queue, s.head = s.queue[:0], 0
+				s.writing = false
+				s.mu.Unlock()
+				return
+			}
+			seen := map[string]bool{}
+			for _, g := range s.gaps {
+				if !seen[g.topic] {
+					seen[g.topic] = true
+					f := controlFrame("replay-gap", g.topic, g.cursor)
+					s.queue = append(s.queue, f)
+					s.queued += f.size
+					s.n.stats.replayGaps.Add(1)
+				}
+			}
+			s.gaps = nil
+		}
+		f := s.queue[s.head]
+		s.queue[s.head] = nil
+		s.head++
+		s.mu.Unlock()
+
+		_ = s.conn.SetWriteDeadline(time.Now().Add(s.n.cfg.WriteTimeout))
+		err := s.conn.WritePreparedMessage(f.pm)
+		s.mu.Lock()
+		s.queued -= f.size
+		if s.queued < 0 || s.closing {
+			s.queued = 0
+		}
+		if s.room != nil {
+			close(s.room)
+			s.room = nil
+		}
+		s.mu.Unlock()
+		if err != nil {
+			s.closeWith(websocket.CloseAbnormalClosure, "", "write-error")
+			_ = s.conn.Close()
+			continue
+		}
+		s.n.stats.framesSent.Add(1)
+	}
+}
+
+// sendClose sends the close frame, waits briefly for the client's answer
+// (so the client reads the frame rather than a reset) and closes.
+func (s *socket) sendClose(code int, reason string) {
+	if code != websocket.CloseAbnormalClosure {
+		msg := websocket.FormatCloseMessage(code, reason)
+		if code == websocket.CloseNormalClosure && reason == "" {
+			msg = websocket.FormatCloseMessage(code, "")
+		}
+		_ = s.conn.WriteControl(websocket.CloseMessage, msg, time.Now().Add(time.Second))
+	}
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case <-s.readDone:
+	case <-t.C:
+	}
+	_ = s.conn.Close()
+}

@@ -1,0 +1,660 @@
+package fanout
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/journal"
+)
+
+// Sync node defaults (DESIGN §6).
+const (
+	DefaultMaxBufferedBytes = 1 << 20
+	DefaultMaxDroppedFrames = 1000
+	DefaultIdleTimeout      = 120 * time.Second
+	DefaultMaxFrameBytes    = 4096
+	DefaultInboundRate      = 20
+	DefaultInboundBurst     = 60
+	DefaultWriteTimeout     = 10 * time.Second
+)
+
+// SyncConfig configures a SyncNode. Zero values take the defaults above.
+type SyncConfig struct {
+	// NATS says how to reach NATS (URL required). The node owns its
+	// connection.
+	NATS NATSConfig
+	// Journal is where replays and repairs read from; the caller owns it. It
+	// must have a cursor secret.
+	Journal *journal.Journal
+	// Auth verifies handshake tokens (required).
+	Auth *Authenticator
+	// SubjectPrefix of the published subjects; default "walcast".
+	SubjectPrefix string
+
+	// MaxBufferedBytes bounds each socket's outbound queue.
+	MaxBufferedBytes int
+	// MaxDroppedFrames: more drops than this within DropWindowSpan close the
+	// socket with 1013. Negative disables the check.
+	MaxDroppedFrames int
+	// IdleTimeout closes a socket that sent no frame for this long (1001).
+	IdleTimeout time.Duration
+	// MaxConnections refuses upgrades beyond this many open sockets with
+	// 503; 0 means unlimited.
+	MaxConnections int
+	// AcceptRate (per second) and AcceptBurst bound new connections; beyond
+	// them the node answers 503 with Retry-After. 0 means unlimited.
+	AcceptRate  float64
+	AcceptBurst int
+	// InboundRate (frames per second) and InboundBurst bound what one client
+	// may send; a flood closes the socket with 1008.
+	InboundRate  float64
+	InboundBurst int
+	// MaxFrameBytes caps an inbound frame; a larger one closes with 1008.
+	MaxFrameBytes int
+	// WriteTimeout bounds one write to a socket.
+	WriteTimeout time.Duration
+	// AllowedOrigins restricts browser origins at the upgrade ("*" for any).
+	// Empty allows requests without an Origin header and same-host origins.
+	AllowedOrigins []string
+
+	// Clock drives idle eviction, drop windows and token buckets; default
+	// the system clock.
+	Clock SyncClock
+	// Logger receives the node's logs; default discards.
+	Logger *slog.Logger
+	// Meter, when set, gets the node's metrics (DESIGN §8).
+	Meter metric.Meter
+
+	// sndBuf, when positive, sets each accepted socket's kernel send buffer
+	// (tests use it to make a client that stops reading fill the queue soon).
+	sndBuf int
+}
+
+func (c *SyncConfig) setDefaults() error {
+	if c.NATS.URL == "" {
+		return errors.New("sync: --nats-url is required")
+	}
+	if c.Journal == nil {
+		return errors.New("sync: a journal is required")
+	}
+	if c.Auth == nil {
+		return errors.New("sync: an authenticator is required (fix: set --jwt-secret or --jwt-public-key-file)")
+	}
+	if c.SubjectPrefix == "" {
+		c.SubjectPrefix = "walcast"
+	}
+	if c.MaxBufferedBytes <= 0 {
+		c.MaxBufferedBytes = DefaultMaxBufferedBytes
+	}
+	if c.MaxDroppedFrames == 0 {
+		c.MaxDroppedFrames = DefaultMaxDroppedFrames
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.InboundRate <= 0 {
+		c.InboundRate = DefaultInboundRate
+	}
+	if c.InboundBurst <= 0 {
+		c.InboundBurst = DefaultInboundBurst
+	}
+	if c.MaxFrameBytes <= 0 {
+		c.MaxFrameBytes = DefaultMaxFrameBytes
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.Clock == nil {
+		c.Clock = realSyncClock{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// SyncNode is a sync node (DESIGN §6): it serves WebSockets at /v1/socket
+// and journal reads at /v1/changes, subscribes to an entity's NATS subjects
+// while a socket is a member of it, and repairs every gap from the journal.
+//
+// Lock order: SyncNode.mu, then syncTopic.mu, then socket.mu.
+type SyncNode struct {
+	cfg      SyncConfig
+	j        *journal.Journal
+	nc       *nats.Conn
+	log      *slog.Logger
+	upgrader websocket.Upgrader
+	accept   *tokenBucket
+	reads    sharedReads
+	stats    syncStats
+	reg      metric.Registration
+
+	ctx    context.Context // ends with Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // the node's own goroutines (sweeper, horizon)
+	conns  sync.WaitGroup // open sockets
+
+	horizon      atomic.Int64 // newest journal seq known
+	horizonKnown atomic.Bool
+	natsUp       atomic.Bool
+
+	mu      sync.Mutex // guards the following fields
+	topics  map[string]*syncTopic
+	sockets map[*socket]struct{}
+	closed  bool
+}
+
+// OpenSyncNode connects to NATS and starts the node's background work. The
+// node serves nothing until its Handler is mounted; Close stops it.
+func OpenSyncNode(ctx context.Context, cfg SyncConfig) (*SyncNode, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	n := &SyncNode{cfg: cfg, j: cfg.Journal, log: cfg.Logger, topics: map[string]*syncTopic{}, sockets: map[*socket]struct{}{}}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.reads.n = n
+	if cfg.AcceptRate > 0 {
+		burst := cfg.AcceptBurst
+		if burst <= 0 {
+			burst = max(1, int(cfg.AcceptRate))
+		}
+		n.accept = newTokenBucket(cfg.AcceptRate, burst, cfg.Clock)
+	}
+	n.upgrader = websocket.Upgrader{
+		ReadBufferSize:   512,
+		WriteBufferSize:  4096,
+		WriteBufferPool:  &sync.Pool{},
+		HandshakeTimeout: 10 * time.Second,
+		CheckOrigin:      n.checkOrigin,
+		Error: func(w http.ResponseWriter, _ *http.Request, status int, reason error) {
+			http.Error(w, reason.Error(), status)
+		},
+	}
+	if cfg.NATS.Name == "" {
+		cfg.NATS.Name = "walcast sync"
+	}
+	nc, err := ConnectNATS(cfg.NATS,
+		nats.DisconnectErrHandler(func(*nats.Conn, error) {
+			n.natsUp.Store(false)
+			n.log.Warn("NATS disconnected; sockets will be repaired from the journal on reconnect")
+		}),
+		nats.ReconnectHandler(func(*nats.Conn) {
+			n.natsUp.Store(true)
+			n.repairAll("reconnect")
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrSlowConsumer) && sub != nil {
+				n.repairSubject(sub.Subject, "slow-consumer")
+				return
+			}
+			n.log.Warn("NATS error", "err", err)
+		}))
+	if err != nil {
+		n.cancel()
+		return nil, fmt.Errorf("sync: %w", err)
+	}
+	n.nc = nc
+	n.natsUp.Store(true)
+	if _, err := nc.Subscribe(cfg.SubjectPrefix+".resync", n.onResync); err != nil {
+		nc.Close()
+		n.cancel()
+		return nil, fmt.Errorf("sync: subscribe to resync entries: %w", err)
+	}
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		nc.Close()
+		n.cancel()
+		return nil, fmt.Errorf("sync: NATS flush: %w", err)
+	}
+	if cfg.Meter != nil {
+		if n.reg, err = registerSyncMetrics(cfg.Meter, n); err != nil {
+			nc.Close()
+			n.cancel()
+			return nil, fmt.Errorf("sync: metrics: %w", err)
+		}
+	}
+	n.wg.Add(2)
+	go n.sweepIdle()
+	go n.followHorizon()
+	return n, nil
+}
+
+// Ready reports whether the node can serve: NATS connected and the journal
+// horizon known.
+func (n *SyncNode) Ready() (bool, string) {
+	switch {
+	case !n.natsUp.Load():
+		return false, "NATS disconnected"
+	case n.horizon.Load() == 0 && !n.horizonKnown.Load():
+		return false, "journal horizon not read yet"
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return true, fmt.Sprintf("ready: %d sockets, %d topics", len(n.sockets), len(n.topics))
+}
+
+// Handler serves /v1/socket and /v1/changes.
+func (n *SyncNode) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/socket", n.serveSocket)
+	mux.HandleFunc("GET /v1/changes", n.serveChanges)
+	return mux
+}
+
+// Close closes every socket with 1001, stops the node's goroutines and
+// closes its NATS connection. It waits for all of them.
+func (n *SyncNode) Close() {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return
+	}
+	n.closed = true
+	socks := make([]*socket, 0, len(n.sockets))
+	for s := range n.sockets {
+		socks = append(socks, s)
+	}
+	n.mu.Unlock()
+	for _, s := range socks {
+		s.closeWith(websocket.CloseGoingAway, "node shutting down", "shutdown")
+	}
+	n.conns.Wait()
+	n.cancel()
+	n.wg.Wait()
+	if n.reg != nil {
+		_ = n.reg.Unregister()
+	}
+	n.nc.Close()
+}
+
+// followHorizon keeps n.horizon at the journal's newest seq: sockets that
+// subscribe without a cursor start there.
+func (n *SyncNode) followHorizon() {
+	defer n.wg.Done()
+	var after int64 = -1
+	for {
+		h, err := n.j.Wait(n.ctx, after)
+		if err != nil {
+			return // closed or ctx ended; Wait itself rides out outages
+		}
+		n.horizon.Store(h)
+		n.horizonKnown.Store(true)
+		after = h
+	}
+}
+
+// sweepIdle closes sockets that have sent nothing for IdleTimeout, checking
+// every max(1 s, IdleTimeout/4).
+func (n *SyncNode) sweepIdle() {
+	defer n.wg.Done()
+	every := max(time.Second, n.cfg.IdleTimeout/4)
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-n.cfg.Clock.After(every):
+		}
+		cutoff := n.cfg.Clock.Now().Add(-n.cfg.IdleTimeout).UnixNano()
+		n.mu.Lock()
+		var idle []*socket
+		for s := range n.sockets {
+			if s.lastRecv.Load() < cutoff {
+				idle = append(idle, s)
+			}
+		}
+		n.mu.Unlock()
+		for _, s := range idle {
+			s.closeWith(websocket.CloseGoingAway, "idle timeout", "idle")
+		}
+	}
+}
+
+func (n *SyncNode) checkOrigin(r *http.Request) bool {
+	origin := r.Header.Get("Origin")
+	if len(n.cfg.AllowedOrigins) == 0 {
+		if origin == "" {
+			return true
+		}
+		return sameHost(origin, r.Host)
+	}
+	for _, o := range n.cfg.AllowedOrigins {
+		if o == "*" || o == origin {
+			return true
+		}
+	}
+	return false
+}
+
+func sameHost(origin, host string) bool {
+	for _, p := range []string{"http://", "https://"} {
+		if len(origin) > len(p) && origin[:len(p)] == p {
+			return origin[len(p):] == host
+		}
+	}
+	return false
+}
+
+// syncTopic is the node's state for one entity while it has members: its
+// NATS subscription and the entitySeq it last saw.
+type syncTopic struct {
+	n      *SyncNode
+	entity string
+	sub    *nats.Subscription
+
+	mu            sync.Mutex // guards the following fields
+	members       map[*member]struct{}
+	baselined     bool  // lastEntitySeq is known
+	lastEntitySeq int64 // newest entitySeq received (or journaled at creation)
+	lastSeen      int64 // newest seq received for the entity
+	gone          bool  // unsubscribed; a joiner must create a new topic
+}
+
+// memberState is where a member stands.
+type memberState uint8
+
+const (
+	memberCatchingUp memberState = iota // reading the journal; live messages skip it
+	memberLive                          // receiving live messages
+	memberDesynced                      // a frame was dropped; waiting for the client to resubscribe
+	memberGone                          // unsubscribed or socket closed
+)
+
+// member is one socket's subscription to one topic.
+type member struct {
+	s     *socket
+	t     *syncTopic
+	topic string
+	q     journal.Query // the scope: the entity and the socket's tenant
+
+	// Guarded by t.mu.
+	state  memberState
+	pos    int64 // the seq of the last entry delivered (or scanned) for this scope
+	repair bool  // catching up must read once more before going live
+}
+
+// join adds m to its entity's topic, subscribing to NATS first if the
+// topic is new, and returns the topic. The subscription is active on the
+// server when join returns.
+func (n *SyncNode) join(ctx context.Context, m *member) (*syncTopic, error) {
+	for {
+		n.mu.Lock()
+		if n.closed {
+			n.mu.Unlock()
+			return nil, errors.New("node shutting down")
+		}
+		t := n.topics[m.topic]
+		if t == nil {
+			t = &syncTopic{n: n, entity: m.topic, members: map[*member]struct{}{}}
+			sub, err := n.nc.Subscribe(EntitySubjects(n.cfg.SubjectPrefix, m.topic), t.onMsg)
+			if err != nil {
+				n.mu.Unlock()
+				return nil, err
+			}
+			sub.SetPendingLimits(1<<16, 256<<20)
+			t.sub = sub
+			n.topics[m.topic] = t
+			m.t = t
+			t.members[m] = struct{}{}
+			n.mu.Unlock()
+			// Live first: the server has the subscription before any read.
+			if err := n.nc.FlushTimeout(5 * time.Second); err != nil {
+				n.leave(m)
+				return nil, err
+			}
+			last, err := n.j.LastEntitySeq(ctx, m.topic)
+			if err != nil {
+				n.leave(m)
+				return nil, err
+			}
+			t.mu.Lock()
+			if !t.baselined {
+				t.baselined, t.lastEntitySeq = true, last
+			}
+			t.mu.Unlock()
+			return t, nil
+		}
+		n.mu.Unlock()
+		t.mu.Lock()
+		if t.gone {
+			t.mu.Unlock()
+			continue
+		}
+		m.t = t
+		t.members[m] = struct{}{}
+		t.mu.Unlock()
+		return t, nil
+	}
+}
+
+// leave removes m from its topic and unsubscribes the topic when m was its
+// last member.
+func (n *SyncNode) leave(m *member) {
+	t := m.t
+	if t == nil {
+		return
+	}
+	n.mu.Lock()
+	t.mu.Lock()
+	m.state = memberGone
+	delete(t.members, m)
+	empty := len(t.members) == 0 && !t.gone
+	if empty {
+		t.gone = true
+		delete(n.topics, t.entity)
+	}
+	t.mu.Unlock()
+	n.mu.Unlock()
+	if empty {
+		_ = t.sub.Unsubscribe()
+	}
+}
+
+// onMsg delivers one published change to the topic's live members. NATS
+// calls it sequentially per subscription, in publish (seq) order.
+func (t *syncTopic) onMsg(msg *nats.Msg) {
+	n := t.n
+	n.stats.liveReceived.Add(1)
+	defer n.stats.liveHandled.Add(1)
+	seq, err1 := strconv.ParseInt(msg.Header.Get(HeaderSeq), 10, 64)
+	eseq, err2 := strconv.ParseInt(msg.Header.Get(HeaderEntitySeq), 10, 64)
+	if err1 != nil || err2 != nil {
+		n.log.Warn("NATS message without walcast headers ignored", "subject", msg.Subject)
+		return
+	}
+	tenant, hasTenant := "", false
+	if v := msg.Header.Values(HeaderTenant); len(v) > 0 {
+		tenant, hasTenant = v[0], true
+	}
+	unknown := msg.Header.Get(HeaderTenantUnknown) == "true"
+	payload := msg.Data
+
+	t.mu.Lock()
+	t.lastSeen = max(t.lastSeen, seq)
+	if t.baselined && eseq <= t.lastEntitySeq {
+		t.mu.Unlock() // a republished message
+		return
+	}
+	gap := t.baselined && eseq != t.lastEntitySeq+1
+	t.lastEntitySeq, t.baselined = eseq, true
+	if gap {
+		t.repairLocked("gap")
+		t.mu.Unlock()
+		n.stats.inc(&n.stats.repairs, "gap")
+		return
+	}
+	oversize := bytes.Contains(payload, []byte(`"oversize":true`))
+	t.mu.Unlock()
+	if oversize {
+		// Fetched outside the lock; the callback is sequential per topic, so
+		// order is kept.
+		e, err := n.j.EntryAt(n.ctx, seq)
+		if err != nil {
+			n.log.Warn("oversize change not readable from the journal; repairing the entity", "seq", seq, "err", err)
+			t.mu.Lock()
+			t.repairLocked("oversize")
+			t.mu.Unlock()
+			return
+		}
+		payload = e.Envelope
+	}
+	op := decoder.OpInsert
+	if bytes.Contains(payload, []byte(`"op":"truncate"`)) {
+		op = decoder.OpTruncate
+	}
+
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var enc map[string]*frame // tenant scope → the frame every member of it shares
+	for m := range t.members {
+		if m.state != memberLive || seq <= m.pos || !visible(m.q.Tenant, tenant, hasTenant, unknown) {
+			continue
+		}
+		f := enc[m.q.Tenant]
+		if f == nil {
+			cur, err := n.j.CursorAt(m.q, seq)
+			if err != nil {
+				continue
+			}
+			f = changeFrame(t.entity, cur, payload)
+			if enc == nil {
+				enc = map[string]*frame{}
+			}
+			enc[m.q.Tenant] = f
+		}
+		m.deliverLocked(f, seq)
+		if op == decoder.OpTruncate && m.state == memberLive {
+			// The truncate also means: re-read the entity (DESIGN §6).
+			m.deliverLocked(n.resyncFrame(m, seq), seq)
+		}
+	}
+}
+
+// visible applies DESIGN §5 to one live change: a tenant-scoped socket sees
+// its tenant's rows and rows with no tenant; an unscoped socket only rows
+// with no tenant; a tenant-unknown change reaches neither.
+func visible(scope, tenant string, hasTenant, unknown bool) bool {
+	switch {
+	case unknown:
+		return false
+	case !hasTenant:
+		return true
+	}
+	return scope != "" && scope == tenant
+}
+
+// deliverLocked queues f (for seq) on m's socket. A frame that does not fit
+// desyncs the member: it receives nothing more until the client resubscribes
+// after the replay-gap its socket sends once drained. t.mu is held.
+func (m *member) deliverLocked(f *frame, seq int64) {
+	if m.s.enqueue(f, m) {
+		m.pos = seq
+		return
+	}
+	if m.state != memberGone {
+		m.state = memberDesynced
+	}
+}
+
+// repairLocked marks every member of the topic as owing a read of the
+// journal from its position. t.mu is held.
+func (t *syncTopic) repairLocked(cause string) {
+	for m := range t.members {
+		switch m.state {
+		case memberLive:
+			m.state = memberCatchingUp
+			m.s.startCatchUp(m)
+		case memberCatchingUp:
+			m.repair = true
+		}
+	}
+	t.n.log.Debug("repairing entity from the journal", "entity", t.entity, "cause", cause, "members", len(t.members))
+}
+
+// repairAll repairs every topic (after a NATS reconnect: anything published
+// while disconnected was lost to this node).
+func (n *SyncNode) repairAll(cause string) {
+	n.mu.Lock()
+	topics := make([]*syncTopic, 0, len(n.topics))
+	for _, t := range n.topics {
+		topics = append(topics, t)
+	}
+	n.mu.Unlock()
+	for _, t := range topics {
+		t.mu.Lock()
+		t.baselined = false // the next message sets the baseline; the repair covers the rest
+		t.repairLocked(cause)
+		t.mu.Unlock()
+		n.stats.inc(&n.stats.repairs, cause)
+	}
+	n.log.Info("repairing all topics from the journal", "cause", cause, "topics", len(topics))
+}
+
+func (n *SyncNode) repairSubject(subject, cause string) {
+	n.mu.Lock()
+	var found *syncTopic
+	for _, t := range n.topics {
+		if t.sub.Subject == subject {
+			found = t
+			break
+		}
+	}
+	n.mu.Unlock()
+	if found != nil {
+		found.mu.Lock()
+		found.repairLocked(cause)
+		found.mu.Unlock()
+		n.stats.inc(&n.stats.repairs, cause)
+	}
+}
+
+// onResync sends a resync frame to every member of every topic whose
+// position is below the resync entry, and moves it there.
+func (n *SyncNode) onResync(msg *nats.Msg) {
+	seq, err := strconv.ParseInt(msg.Header.Get(HeaderSeq), 10, 64)
+	if err != nil {
+		return
+	}
+	n.mu.Lock()
+	topics := make([]*syncTopic, 0, len(n.topics))
+	for _, t := range n.topics {
+		topics = append(topics, t)
+	}
+	n.mu.Unlock()
+	for _, t := range topics {
+		t.mu.Lock()
+		enc := map[string]*frame{}
+		for m := range t.members {
+			if (m.state != memberLive && m.state != memberCatchingUp) || m.pos >= seq {
+				continue
+			}
+			f := enc[m.q.Tenant]
+			if f == nil {
+				f = n.resyncFrame(m, seq)
+				enc[m.q.Tenant] = f
+			}
+			if m.s.enqueue(f, m) {
+				m.pos = seq
+			} else {
+				m.state = memberDesynced
+			}
+		}
+		t.mu.Unlock()
+	}
+}
+
+func (n *SyncNode) resyncFrame(m *member, pos int64) *frame {
+	cur, _ := n.j.CursorAt(m.q, pos)
+	return controlFrame("resync", m.topic, cur)
+}

@@ -1,0 +1,123 @@
+package fanout
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// syncStats are the sync node's counters. The hot path only adds to atomics;
+// the metrics are observed from them when /metrics is scraped.
+type syncStats struct {
+	socketsOpen   atomic.Int64
+	framesSent    atomic.Int64
+	framesDropped atomic.Int64
+	replayGaps    atomic.Int64
+	liveReceived  atomic.Int64
+	liveHandled   atomic.Int64 // messages whose delivery finished (tests)
+
+	mu       sync.Mutex       // guards the following fields
+	closed   map[string]int64 // close reason → sockets
+	rejected map[string]int64 // refusal reason → requests
+	repairs  map[string]int64 // cause → entity repairs
+}
+
+func (st *syncStats) inc(m *map[string]int64, key string) {
+	st.mu.Lock()
+	if *m == nil {
+		*m = map[string]int64{}
+	}
+	(*m)[key]++
+	st.mu.Unlock()
+}
+
+// SyncStats is a snapshot of a sync node's counters, for tests and logs.
+type SyncStats struct {
+	SocketsOpen, FramesSent, FramesDropped, ReplayGaps int64
+	Closed, Rejected, Repairs                          map[string]int64
+}
+
+// Stats returns a snapshot of the node's counters.
+func (n *SyncNode) Stats() SyncStats {
+	st := &n.stats
+	out := SyncStats{SocketsOpen: st.socketsOpen.Load(), FramesSent: st.framesSent.Load(),
+		FramesDropped: st.framesDropped.Load(), ReplayGaps: st.replayGaps.Load(),
+		Closed: map[string]int64{}, Rejected: map[string]int64{}, Repairs: map[string]int64{}}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for k, v := range st.closed {
+		out.Closed[k] = v
+	}
+	for k, v := range st.rejected {
+		out.Rejected[k] = v
+	}
+	for k, v := range st.repairs {
+		out.Repairs[k] = v
+	}
+	return out
+}
+
+// registerSyncMetrics exposes the counters (DESIGN §8).
+func registerSyncMetrics(meter metric.Meter, n *SyncNode) (metric.Registration, error) {
+	open, err := meter.Int64ObservableUpDownCounter("walcast.sync.sockets.open",
+		metric.WithDescription("WebSocket connections currently open"))
+	if err != nil {
+		return nil, err
+	}
+	sent, err := meter.Int64ObservableCounter("walcast.sync.frames.sent",
+		metric.WithDescription("frames written to sockets"))
+	if err != nil {
+		return nil, err
+	}
+	dropped, err := meter.Int64ObservableCounter("walcast.sync.frames.dropped",
+		metric.WithDescription("frames dropped because a socket's outbound queue was full"))
+	if err != nil {
+		return nil, err
+	}
+	gaps, err := meter.Int64ObservableCounter("walcast.sync.replay_gaps",
+		metric.WithDescription("replay-gap frames sent"))
+	if err != nil {
+		return nil, err
+	}
+	received, err := meter.Int64ObservableCounter("walcast.sync.nats.received",
+		metric.WithDescription("change messages received from NATS"))
+	if err != nil {
+		return nil, err
+	}
+	closed, err := meter.Int64ObservableCounter("walcast.sync.sockets.closed",
+		metric.WithDescription("sockets closed, by reason"))
+	if err != nil {
+		return nil, err
+	}
+	rejected, err := meter.Int64ObservableCounter("walcast.sync.connections.rejected",
+		metric.WithDescription("connection attempts refused before the upgrade, by reason"))
+	if err != nil {
+		return nil, err
+	}
+	repairs, err := meter.Int64ObservableCounter("walcast.sync.repairs",
+		metric.WithDescription("entity repairs from the journal, by cause (gap, reconnect, slow-consumer)"))
+	if err != nil {
+		return nil, err
+	}
+	return meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		s := n.Stats()
+		o.ObserveInt64(open, s.SocketsOpen)
+		o.ObserveInt64(sent, s.FramesSent)
+		o.ObserveInt64(dropped, s.FramesDropped)
+		o.ObserveInt64(gaps, s.ReplayGaps)
+		o.ObserveInt64(received, n.stats.liveReceived.Load())
+		for k, v := range s.Closed {
+			o.ObserveInt64(closed, v, metric.WithAttributes(attribute.String("reason", k)))
+		}
+		for k, v := range s.Rejected {
+			o.ObserveInt64(rejected, v, metric.WithAttributes(attribute.String("reason", k)))
+		}
+		for k, v := range s.Repairs {
+			o.ObserveInt64(repairs, v, metric.WithAttributes(attribute.String("cause", k)))
+		}
+		return nil
+	}, open, sent, dropped, gaps, received, closed, rejected, repairs)
+}

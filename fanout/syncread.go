@@ -1,0 +1,105 @@
+package fanout
+
+import (
+	"context"
+	"sync"
+
+	"github.com/walcast/walcast/journal"
+)
+
+// sharedReads makes concurrent journal reads of the same range share one
+// query (DESIGN §6, storms): every member catching up from the same position
+// in the same scope waits on one read and gets the same encoded frames.
+type sharedReads struct {
+	n *SyncNode
+
+	mu       sync.Mutex // guards the following field
+	inflight map[readKey]*readCall
+}
+
+type readKey struct {
+	entity, tenant string
+	from           int64
+}
+
+type readCall struct {
+	done chan struct{}
+	page readPage
+	err  error
+}
+
+// readPage is one read of the journal, encoded for the scope.
+type readPage struct {
+	frames []*frame // change frames in seq order
+	seqs   []int64
+	end    int64 // position the read covered
+	more   bool
+	// resync is set when the position needs a resync: the frame to send and
+	// the position (the horizon) to continue from.
+	resync    *frame
+	resyncPos int64
+}
+
+// read returns the page after from in q's scope, joining a read already in
+// flight for the same place. The read itself runs on the node's context, so
+// one socket leaving does not fail the others.
+func (r *sharedReads) read(ctx context.Context, q journal.Query, from int64) (readPage, error) {
+	key := readKey{entity: q.Entities[0], tenant: q.Tenant, from: from}
+	r.mu.Lock()
+	if r.inflight == nil {
+		r.inflight = map[readKey]*readCall{}
+	}
+	c := r.inflight[key]
+	if c == nil {
+		c = &readCall{done: make(chan struct{})}
+		r.inflight[key] = c
+		r.n.wg.Add(1)
+		go func() {
+			defer r.n.wg.Done()
+			c.page, c.err = r.do(q, from)
+			r.mu.Lock()
+			delete(r.inflight, key)
+			r.mu.Unlock()
+			close(c.done)
+		}()
+	}
+	r.mu.Unlock()
+	select {
+	case <-c.done:
+		return c.page, c.err
+	case <-ctx.Done():
+		return readPage{}, ctx.Err()
+	}
+}
+
+func (r *sharedReads) do(q journal.Query, from int64) (readPage, error) {
+	j := r.n.j
+	var err error
+	if q.Cursor, err = j.CursorAt(q, from); err != nil {
+		return readPage{}, err
+	}
+	res, err := j.Changes(r.n.ctx, q)
+	if err != nil {
+		return readPage{}, err
+	}
+	if res.ResyncRequired {
+		pos, err := j.CursorPosition(res.ResyncCursor)
+		if err != nil {
+			return readPage{}, err
+		}
+		return readPage{resync: controlFrame("resync", q.Entities[0], res.ResyncCursor), resyncPos: pos, end: from}, nil
+	}
+	p := readPage{more: res.More, frames: make([]*frame, len(res.Changes)), seqs: make([]int64, len(res.Changes))}
+	for i, e := range res.Changes {
+		cur, err := j.CursorAt(q, e.Seq)
+		if err != nil {
+			return readPage{}, err
+		}
+		p.frames[i] = changeFrame(q.Entities[0], cur, e.Envelope)
+		p.seqs[i] = e.Seq
+	}
+	if p.end, err = j.CursorPosition(res.Cursor); err != nil {
+		return readPage{}, err
+	}
+	return p, nil
+}

@@ -1,0 +1,102 @@
+package journal
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/walcast/walcast/decoder"
+)
+
+// This file holds what a sync node needs beyond Changes: issuing the cursor
+// of a given position in a scope (one per delivered change), checking a
+// client's cursor without reading, reading one entry by seq (an oversize
+// envelope published without its row data) and an entity's newest
+// entitySeq (the baseline of gap detection).
+
+// CursorAt returns the cursor at position pos (the seq of the last entry the
+// reader has been given) for q's scope (Entities, Tenant, AllTenants; the
+// other fields are ignored). It reads nothing: the caller vouches that every
+// entry of the scope up to pos has been handed to the reader.
+func (j *Journal) CursorAt(q Query, pos int64) (string, error) {
+	if len(j.secrets) == 0 {
+		return "", opErr("journal.CursorAt", ErrNoCursorSecret, "set --cursor-secret")
+	}
+	if pos < 0 {
+		pos = 0
+	}
+	return j.cursorAt(pos, newScope(q).hash()), nil
+}
+
+// CheckCursor validates q.Cursor for q's scope as Changes does, without
+// reading: it returns the cursor's position, or a resync reason when the
+// cursor is authentic but cannot be served from its position (signed with a
+// previous secret, or issued by another journal). A malformed or forged
+// cursor fails with ErrCursorTampered, one of another scope with
+// ErrCursorScope (and ErrForeignJournal under RejectForeignJournal). Whether
+// the position is still retained is for Changes to say.
+func (j *Journal) CheckCursor(q Query) (pos int64, resync ResyncReason, err error) {
+	const op = "journal.CheckCursor"
+	if len(j.secrets) == 0 {
+		return 0, "", opErr(op, ErrNoCursorSecret, "set --cursor-secret")
+	}
+	c, idx, ok := decodeCursor(q.Cursor, j.secrets)
+	if !ok {
+		return 0, "", opErr(op, ErrCursorTampered, "the client must drop this cursor and start again without one")
+	}
+	switch {
+	case c.scope != newScope(q).hash():
+		return 0, "", opErr(op, ErrCursorScope, "present a cursor with the topics and tenant it was issued for")
+	case c.journal != j.id && j.rejectForeign:
+		return 0, "", opErr(op, ErrForeignJournal, "the cursor belongs to another journal; start again without a cursor")
+	case c.journal != j.id:
+		return 0, ResyncForeignJournal, nil
+	case idx > 0:
+		return 0, ResyncSecretRotated, nil
+	}
+	return c.position, "", nil
+}
+
+// ErrNoEntry: the entry asked for by seq is not retained (pruned, or never
+// written).
+var ErrNoEntry = errors.New("journal entry not retained")
+
+// EntryAt reads the entry with the given seq, whatever its entity or tenant:
+// the caller applies its own scope. It fails with ErrNoEntry when the entry
+// is not retained.
+func (j *Journal) EntryAt(ctx context.Context, seq int64) (Entry, error) {
+	const op = "journal.EntryAt"
+	var (
+		e         Entry
+		tenant    *string
+		opv       string
+		lsn, clsn int64
+		envelope  string
+	)
+	err := j.queryRow(ctx, `SELECT seq, entity, entity_seq, tenant, tenant_unknown, op, lsn, commit_lsn, commit_time, envelope
+		FROM `+j.sql.entries+` WHERE seq = $1`, []any{seq},
+		&e.Seq, &e.Entity, &e.EntitySeq, &tenant, &e.TenantUnknown, &opv, &lsn, &clsn, &e.CommitTime, &envelope)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Entry{}, opErr(op, ErrNoEntry, "")
+	}
+	if err != nil {
+		return Entry{}, opErr(op, err, "")
+	}
+	if tenant != nil {
+		e.Tenant = *tenant
+	}
+	e.Op, e.LSN, e.CommitLSN, e.Envelope = decoder.Op(opv), decoder.LSN(lsn), decoder.LSN(clsn), []byte(envelope)
+	return e, nil
+}
+
+// LastEntitySeq returns the entitySeq of the entity's newest journaled
+// change, 0 when it has none.
+func (j *Journal) LastEntitySeq(ctx context.Context, entity string) (int64, error) {
+	var n int64
+	err := j.queryRow(ctx, "SELECT coalesce((SELECT last_seq FROM "+j.sql.entitySeqs+" WHERE entity = $1), 0)", []any{entity}, &n)
+	if err != nil {
+		return 0, opErr("journal.LastEntitySeq", err, "")
+	}
+	return n, nil
+}
