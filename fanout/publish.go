@@ -38,7 +38,11 @@ type PublisherConfig struct {
 	// FlushTimeout bounds waiting for the server to acknowledge a batch
 	// (a NATS PING/PONG round trip); default 5s.
 	FlushTimeout time.Duration
-	Logger       *slog.Logger
+	// RecordInterval is the longest the published position goes unsaved
+	// while publishing; default 250ms. It is also saved whenever the
+	// publisher catches up.
+	RecordInterval time.Duration
+	Logger         *slog.Logger
 }
 
 // Publisher publishes journaled envelopes to NATS in seq order. It runs beside
@@ -57,7 +61,9 @@ type Publisher struct {
 	log *slog.Logger
 	id  string // journal id hex
 
-	published atomic.Int64 // last seq acknowledged by NATS
+	recorded  time.Time    // when the position was last saved; owned by Run
+	savedPos  int64        // the position last saved; owned by Run
+	published atomic.Int64 // last seq handed to NATS
 	horizon   atomic.Int64 // journal horizon at the last read
 	count     atomic.Uint64
 	oversize  atomic.Uint64
@@ -74,6 +80,9 @@ func NewPublisher(cfg PublisherConfig, j *journal.Journal, nc *nats.Conn) *Publi
 	if cfg.FlushTimeout <= 0 {
 		cfg.FlushTimeout = 5 * time.Second
 	}
+	if cfg.RecordInterval <= 0 {
+		cfg.RecordInterval = 250 * time.Millisecond
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -82,7 +91,7 @@ func NewPublisher(cfg PublisherConfig, j *journal.Journal, nc *nats.Conn) *Publi
 
 // PublisherStats are the publisher's counters.
 type PublisherStats struct {
-	Published int64  // last seq acknowledged by NATS
+	Published int64  // last seq handed to NATS
 	Horizon   int64  // journal horizon at the last read
 	Messages  uint64 // messages published (including republished ones)
 	Oversize  uint64 // reference envelopes published for changes too large for NATS
@@ -107,6 +116,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 			if pos, err = p.j.Published(ctx); err == nil {
 				loaded = true
 				p.published.Store(pos)
+				p.savedPos = pos
 			}
 		}
 		if err == nil {
@@ -123,6 +133,11 @@ func (p *Publisher) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
+		// Whatever was handed to NATS after the last flushed position may
+		// be lost with the connection: start again from there (copies carry
+		// the same Msg-Id).
+		pos = p.savedPos
+		p.published.Store(pos)
 		if !failing {
 			p.log.Warn("publishing paused; the journal keeps advancing and publishing resumes from the last acknowledged entry",
 				"err", err, "published", pos)
@@ -151,6 +166,12 @@ func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
 		if lg.Horizon > pos && pos < lg.Floor-1 {
 			return lg.Floor - 1, p.j.SetPublished(ctx, lg.Floor-1)
 		}
+		// Caught up: make sure the saved position is current.
+		if saved := p.savedPos; saved < pos {
+			if err := p.record(ctx, pos); err != nil {
+				return pos, err
+			}
+		}
 		// Caught up: wait for the next append (LISTEN/NOTIFY).
 		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
@@ -173,17 +194,32 @@ func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
 			p.oversize.Add(1)
 		}
 	}
+	last := lg.Entries[len(lg.Entries)-1].Seq
+	p.published.Store(last)
+	// The position recorded in the journal is only where a restarted
+	// publisher resumes (republished copies carry the same Msg-Id), so it is
+	// saved at most every RecordInterval, after a flush proves the server
+	// has everything up to it.
+	if time.Since(p.recorded) >= p.cfg.RecordInterval {
+		if err := p.record(ctx, last); err != nil {
+			return pos, err
+		}
+	}
+	return last, nil
+}
+
+// record flushes to the server and saves seq as the published position.
+func (p *Publisher) record(ctx context.Context, seq int64) error {
 	fctx, cancel := context.WithTimeout(ctx, p.cfg.FlushTimeout)
 	defer cancel()
 	if err := p.nc.FlushWithContext(fctx); err != nil {
-		return pos, fmt.Errorf("NATS did not acknowledge the batch: %w", err)
+		return fmt.Errorf("NATS did not acknowledge the published changes: %w", err)
 	}
-	last := lg.Entries[len(lg.Entries)-1].Seq
-	if err := p.j.SetPublished(ctx, last); err != nil {
-		return pos, err
+	if err := p.j.SetPublished(ctx, seq); err != nil {
+		return err
 	}
-	p.published.Store(last)
-	return last, nil
+	p.recorded, p.savedPos = time.Now(), seq
+	return nil
 }
 
 // message builds the NATS message of an entry. An envelope larger than max

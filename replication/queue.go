@@ -86,9 +86,10 @@ func (q *queue) idle() bool {
 // room is signalled when items leave the queue.
 func (q *queue) room() <-chan struct{} { return q.roomCh }
 
-// take waits for the first item, then gathers more until maxTxns items,
-// maxChanges changes or maxDelay after the first. It reports false once the
-// queue is closed.
+// take waits for the first item, then gathers what is queued up to maxTxns
+// items or maxChanges changes; when the queue runs empty it waits up to
+// maxDelay after the first item for more (not at all when maxDelay is 0). It
+// reports false once the queue is closed.
 func (q *queue) take(maxTxns, maxChanges int, maxDelay time.Duration) ([]queueItem, bool) {
 	var deadline <-chan time.Time
 	var batch []queueItem
@@ -115,7 +116,7 @@ func (q *queue) take(maxTxns, maxChanges int, maxDelay time.Duration) ([]queueIt
 		if len(batch) > 0 {
 			signal(q.roomCh)
 		}
-		if full {
+		if full || (len(batch) > 0 && maxDelay <= 0) {
 			return batch, true
 		}
 		if len(batch) > 0 && deadline == nil {

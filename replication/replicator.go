@@ -47,8 +47,10 @@ type Config struct {
 	RecreateLostSlot bool
 
 	// A journal batch closes at BatchMaxTxns transactions (default 1000),
-	// BatchMaxChanges changes (default 20000) or BatchMaxDelay after its first
-	// transaction (default 5ms), whichever comes first.
+	// BatchMaxChanges changes (default 20000), or when the queue is empty —
+	// after waiting up to BatchMaxDelay for more (default 0: no wait; what
+	// queues while one append commits forms the next batch, which is group
+	// commit without added latency).
 	BatchMaxTxns    int
 	BatchMaxChanges int
 	BatchMaxDelay   time.Duration
@@ -86,8 +88,8 @@ func (c *Config) setDefaults() {
 	if c.BatchMaxChanges <= 0 {
 		c.BatchMaxChanges = 20000
 	}
-	if c.BatchMaxDelay <= 0 {
-		c.BatchMaxDelay = 5 * time.Millisecond
+	if c.BatchMaxDelay < 0 {
+		c.BatchMaxDelay = 0
 	}
 	if c.QueueMaxChanges <= 0 {
 		c.QueueMaxChanges = 100000

@@ -34,7 +34,7 @@ func walcast(t *testing.T, env map[string]string, args ...string) (code int, std
 	return code, out.String(), errb.String()
 }
 
-func execSQL(t *testing.T, url string, sqls ...string) {
+func execSQL(t testing.TB, url string, sqls ...string) {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, url)

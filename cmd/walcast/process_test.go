@@ -54,7 +54,7 @@ func (p *proc) log() string {
 }
 
 // startWalcast runs the test binary as `walcast args...`.
-func startWalcast(t *testing.T, args ...string) *proc {
+func startWalcast(t testing.TB, args ...string) *proc {
 	t.Helper()
 	p := &proc{done: make(chan struct{})}
 	p.cmd = exec.Command(os.Args[0], args...)

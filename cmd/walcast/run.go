@@ -85,7 +85,7 @@ database at start-up, 3 when another instance holds the slot and
 	f.DurationVar(&pruneEvery, "retention-interval", time.Minute, "how often retention runs")
 	f.IntVar(&rc.BatchMaxTxns, "batch-max-txns", 1000, "close a journal batch at this many source transactions")
 	f.IntVar(&rc.BatchMaxChanges, "batch-max-changes", 20000, "close a journal batch at this many changes")
-	f.DurationVar(&rc.BatchMaxDelay, "batch-max-delay", 5*time.Millisecond, "close a journal batch this long after its first transaction")
+	f.DurationVar(&rc.BatchMaxDelay, "batch-max-delay", 0, "wait up to this long for more transactions before writing a batch (0: write what is queued)")
 	f.IntVar(&rc.QueueMaxChanges, "queue-max-changes", 100000, "changes decoded but not yet journaled before reading pauses")
 	f.Int64Var(&rc.MemoryBudget, "memory-budget", 64<<20, "bytes of in-progress transactions held in memory before spilling to disk")
 	f.StringVar(&rc.SpillDir, "spill-dir", "", "directory for spill files (default: the system temp dir)")
