@@ -566,3 +566,43 @@ func confirmedFlush(t *testing.T, url string) decoder.LSN {
 	l, _ := decoder.ParseLSN(s)
 	return l
 }
+
+// TestMetricsEndpoint scrapes /metrics of an active instance: the documented
+// series are there, the role is active, and changes are counted.
+func TestMetricsEndpoint(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	setupSource(t, url)
+	p := startWalcast(t, runArgs(url)...)
+	waitUntil(t, "active", 30*time.Second, func() bool { return strings.HasPrefix(p.readyz(), "active") })
+	execSQL(t, url, `INSERT INTO items VALUES (1, 'a'), (2, 'b')`)
+	var body string
+	waitUntil(t, "changes counted", 30*time.Second, func() bool {
+		p.mu.Lock()
+		addr := p.http
+		p.mu.Unlock()
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		body = string(b)
+		return strings.Contains(body, "walcast_journal_changes_total 2")
+	})
+	for _, want := range []string{
+		`walcast_replication_role{role="active"} 1`,
+		`walcast_replication_role{role="standby"} 0`,
+		"walcast_replication_lag_bytes ",
+		"walcast_replication_generation 1",
+		"walcast_replication_reconnects_total 0",
+		"walcast_journal_transactions_total ",
+		"walcast_journal_batches_total ",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("/metrics:\n%s", body)
+	}
+}
