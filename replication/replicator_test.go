@@ -312,8 +312,8 @@ func TestConfirmedNeverAheadOfWatermark(t *testing.T) {
 	waitFor(t, "journaled", 30*time.Second, func() bool { return len(f.entries()) >= len(w.ids) })
 
 	before := slotConfirmed(t, f.url)
-	// About 16 MB of WAL on a table the publication does not include.
-	for i := 0; i < 8; i++ {
+	// About 50 MB of WAL on a table the publication does not include.
+	for i := 0; i < 24; i++ {
 		execSQL(t, f.url, `INSERT INTO unpublished (pad) SELECT repeat('p', 1000) FROM generate_series(1, 2000)`)
 	}
 	var end decoder.LSN

@@ -606,3 +606,38 @@ func TestMetricsEndpoint(t *testing.T) {
 		t.Logf("/metrics:\n%s", body)
 	}
 }
+
+// TestRunStartupErrors: what an operator gets wrong at start-up exits 2 with
+// the cause and the fix, before anything is streamed.
+func TestRunStartupErrors(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	execSQL(t, url, `CREATE TABLE items (id int PRIMARY KEY, val text)`)
+	c := pgtest.Shared(t)
+	cases := []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"missing publication", runArgs(url), []string{"publication \"pub\" does not exist", "CREATE PUBLICATION"}},
+		{"bad password", runArgs(c.UserURL("postgres", "nobody_here", "wrong")), []string{"auth", "password"}},
+		{"unreachable", runArgs("postgres://postgres@127.0.0.1:1/postgres?sslmode=disable"), []string{"check that PostgreSQL is running"}},
+		{"bad slot name", runArgs(url, "--slot", "Bad-Slot", "--skip-preflight"), []string{"slot name", "lower-case"}},
+		{"missing flag", []string{"run", "--publication", "pub"}, []string{"--database-url is required"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := startWalcast(t, tc.args...)
+			if code := p.exitCode(t, 30*time.Second); code != exitUsage {
+				t.Fatalf("exit %d, want %d\n%s", code, exitUsage, p.log())
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(p.log(), w) {
+					t.Fatalf("output lacks %q:\n%s", w, p.log())
+				}
+			}
+			if strings.Contains(p.log(), "wrong") {
+				t.Fatalf("a password was printed:\n%s", p.log())
+			}
+		})
+	}
+}
