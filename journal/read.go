@@ -212,6 +212,7 @@ func scanWindow(limit int) int64 { return int64(limit) + 20000 }
 func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, fromOldest bool, limit int) (readRows, error) {
 	var filter strings.Builder
 	args := []any{start, fromOldest, limit, scanWindow(limit)}
+
 	if len(sc.entities) > 0 {
 		args = append(args, sc.entities)
 		fmt.Fprintf(&filter, " AND e.entity = ANY($%d::text[])", len(args))
@@ -225,16 +226,23 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, fromO
 		filter.WriteString(" AND e.tenant IS NULL AND NOT e.tenant_unknown")
 	}
 	// The bookkeeping subquery is LIMIT 1 so the planner knows it is one row
-	// (the singleton tables have no useful statistics), which keeps the
-	// entries scan a parameterized index scan on seq.
+	// (the singleton tables have no useful statistics). The entries are
+	// walked in seq order on the primary key, at most window of them (the
+	// inner LIMIT), and the walk stops as soon as limit of them matched the
+	// filters (the outer LIMIT): no sort, and a bounded scan whatever the
+	// filters match.
 	sql := `SELECT b.horizon, b.floor, b.resync_seq, b.start,
 		e.seq, e.entity, e.entity_seq, e.tenant, e.tenant_unknown, e.op, e.lsn, e.commit_lsn, e.commit_time, e.envelope
 	FROM (SELECT m.next_seq - 1 AS horizon, r.floor, m.resync_seq,
 			coalesce($1::bigint, CASE WHEN $2::boolean THEN greatest(r.floor - 1, m.resync_seq) ELSE m.next_seq - 1 END) AS start
 		FROM ` + j.sql.meta + ` m, ` + j.sql.retention + ` r LIMIT 1) b
 	LEFT JOIN LATERAL (
-		SELECT * FROM ` + j.sql.entries + ` e
-		WHERE e.seq > b.start AND e.seq <= b.start + $4 AND b.start >= b.floor - 1 AND b.start >= b.resync_seq AND b.start <= b.horizon` + filter.String() + `
+		SELECT * FROM (
+			SELECT * FROM ` + j.sql.entries + ` e
+			WHERE e.seq > b.start AND b.start >= b.floor - 1 AND b.start >= b.resync_seq AND b.start <= b.horizon
+			ORDER BY e.seq LIMIT $4
+		) e
+		WHERE true` + filter.String() + `
 		ORDER BY e.seq LIMIT $3
 	) e ON true
 	ORDER BY e.seq`
