@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/fanout"
+	"github.com/walcast/walcast/internal/natstest"
 	"github.com/walcast/walcast/internal/pgtest"
 	"github.com/walcast/walcast/journal"
 )
@@ -36,11 +38,15 @@ func BenchmarkE2ECatchUp(b *testing.B) {
 		"fsync": "on", "full_page_writes": "on", "synchronous_commit": "on",
 		"shared_buffers": "256MB", "max_wal_size": "4GB", "checkpoint_timeout": "30min",
 	}})
-	b.Run("txn=1000rows", func(b *testing.B) { catchUp(b, c, rows, 1000) })
-	b.Run("txn=1row", func(b *testing.B) { catchUp(b, c, rows/5, 1) })
+	b.Run("txn=1000rows", func(b *testing.B) { catchUp(b, c, rows, 1000, false) })
+	b.Run("txn=1row", func(b *testing.B) { catchUp(b, c, rows/5, 1, false) })
+	// The same with the NATS publisher running beside the replicator: the
+	// time until every change is both journaled and published.
+	b.Run("txn=1000rows/publish", func(b *testing.B) { catchUp(b, c, rows, 1000, true) })
+	b.Run("txn=1row/publish", func(b *testing.B) { catchUp(b, c, rows/5, 1, true) })
 }
 
-func catchUp(b *testing.B, c *pgtest.Cluster, rows, perTxn int) {
+func catchUp(b *testing.B, c *pgtest.Cluster, rows, perTxn int, publish bool) {
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		url := c.NewDatabase(b)
@@ -90,20 +96,36 @@ func catchUp(b *testing.B, c *pgtest.Cluster, rows, perTxn int) {
 		}
 		ctx, cancel = context.WithCancel(context.Background())
 		go func() { done <- r.Run(ctx) }()
-		for decoder.LSN(r.watermark.Load()) < end || r.Stats().Changes.Load() < uint64(rows) {
+		var pub *fanout.Publisher
+		pubDone := make(chan struct{})
+		if publish {
+			ns := natstest.Start(b)
+			nc, err := fanout.ConnectNATS(fanout.NATSConfig{URL: ns.URL()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer nc.Close()
+			pub = fanout.NewPublisher(fanout.PublisherConfig{}, j, nc)
+			go func() { pub.Run(ctx); close(pubDone) }()
+		} else {
+			close(pubDone)
+		}
+		for decoder.LSN(r.watermark.Load()) < end || r.Stats().Changes.Load() < uint64(rows) ||
+			(pub != nil && pub.Stats().Published < int64(rows)) {
 			time.Sleep(5 * time.Millisecond)
 		}
 		walcast := time.Since(start)
 		b.StopTimer()
 		cancel()
 		<-done
+		<-pubDone
 		j.Close()
 
 		b.ReportMetric(float64(rows)/walcast.Seconds(), "walcast_changes/s")
 		b.ReportMetric(float64(rows)/recv.Seconds(), "recvlogical_changes/s")
 		b.ReportMetric(recv.Seconds()/walcast.Seconds(), "ratio")
-		b.Logf("%d rows in %d-row transactions: walcast %s (%.0f/s), pg_recvlogical %s (%.0f/s), ratio %.2f; %d batches",
-			rows, perTxn, walcast.Round(time.Millisecond), float64(rows)/walcast.Seconds(),
+		b.Logf("publish=%v: %d rows in %d-row transactions: walcast %s (%.0f/s), pg_recvlogical %s (%.0f/s), ratio %.2f; %d batches",
+			publish, rows, perTxn, walcast.Round(time.Millisecond), float64(rows)/walcast.Seconds(),
 			recv.Round(time.Millisecond), float64(rows)/recv.Seconds(), recv.Seconds()/walcast.Seconds(), r.Stats().Batches.Load())
 	}
 }
