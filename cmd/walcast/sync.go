@@ -1,0 +1,220 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/walcast/walcast/fanout"
+	"github.com/walcast/walcast/internal/telemetry"
+	"github.com/walcast/walcast/journal"
+)
+
+// syncFlags are the flags of walcast sync.
+type syncFlags struct {
+	nf              natsFlags
+	journalURL      string
+	schema          string
+	listen          string
+	httpListen      string
+	jwtSecret       string
+	jwtPublicKey    string
+	cursorSecret    string
+	previousSecrets []string
+	prefix          string
+	tlsCert         string
+	tlsKey          string
+	origins         []string
+	cfg             fanout.SyncConfig
+	logs            logFlags
+}
+
+func newSyncCmd(env Env) *cobra.Command {
+	var sf syncFlags
+	cmd := &cobra.Command{
+		Use:   "sync",
+		Short: "Serve the change stream to WebSocket clients (a sync node)",
+		Long: `sync is a sync node: it authenticates clients with a JWT at the WebSocket
+handshake (/v1/socket), subscribes to the NATS subjects of the entities its
+clients follow, and delivers every change once and in order, replaying from
+the journal by cursor and repairing any gap from it. It also serves journal
+reads over HTTP (GET /v1/changes). Run as many nodes as you like against one
+NATS and one journal.
+
+Exit status: 0 after a clean stop (SIGINT/SIGTERM), 1 when the node fails,
+2 for a configuration error or an unreachable journal or NATS at start-up.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := sf.logs.logger(env.Stderr)
+			if err != nil {
+				return err
+			}
+			return runSync(cmd.Context(), log, &sf)
+		},
+	}
+	f := cmd.Flags()
+	sf.nf.register(cmd, "NATS server(s) the publisher publishes to (required)")
+	f.StringVar(&sf.journalURL, "journal-url", "", "journal database, libpq URL or DSN (required)")
+	f.StringVar(&sf.schema, "journal-schema", journal.DefaultSchema, "schema of the journal")
+	f.StringVar(&sf.listen, "listen", "127.0.0.1:8080", "address for /v1/socket and /v1/changes")
+	f.StringVar(&sf.httpListen, "http-listen", "127.0.0.1:9188", "address for /metrics, /healthz and /readyz")
+	f.StringVar(&sf.jwtSecret, "jwt-secret", "", "HS256 secret client tokens are signed with (prefer the environment variable)")
+	f.StringVar(&sf.jwtPublicKey, "jwt-public-key-file", "", "PEM public key (RSA or ECDSA) that verifies RS256/ES256 client tokens")
+	f.StringVar(&sf.cursorSecret, "cursor-secret", "", "HMAC secret of cursors, the same on every node (required; prefer the environment variable)")
+	f.StringSliceVar(&sf.previousSecrets, "previous-cursor-secrets", nil, "rotated-out cursor secrets: their cursors get a resync instead of an error")
+	f.StringVar(&sf.prefix, "subject-prefix", "walcast", "NATS subject prefix")
+	f.IntVar(&sf.cfg.MaxBufferedBytes, "max-buffered-bytes", fanout.DefaultMaxBufferedBytes, "bytes queued per socket before frames are dropped")
+	f.IntVar(&sf.cfg.MaxDroppedFrames, "max-dropped-frames", fanout.DefaultMaxDroppedFrames, "drops within 10 s beyond which a socket is closed (1013)")
+	f.DurationVar(&sf.cfg.IdleTimeout, "idle-timeout", fanout.DefaultIdleTimeout, "close sockets that send nothing for this long (1001)")
+	f.IntVar(&sf.cfg.MaxConnections, "max-connections", 0, "open sockets beyond which upgrades get 503 (0: unlimited)")
+	f.Float64Var(&sf.cfg.AcceptRate, "accept-rate", 0, "new connections per second before 503 with Retry-After (0: unlimited)")
+	f.IntVar(&sf.cfg.AcceptBurst, "accept-burst", 0, "burst of new connections above --accept-rate (default: the rate)")
+	f.Float64Var(&sf.cfg.InboundRate, "inbound-rate", fanout.DefaultInboundRate, "frames per second a client may send (a flood closes with 1008)")
+	f.IntVar(&sf.cfg.InboundBurst, "inbound-burst", fanout.DefaultInboundBurst, "burst of client frames above --inbound-rate")
+	f.IntVar(&sf.cfg.MaxFrameBytes, "max-frame-bytes", fanout.DefaultMaxFrameBytes, "largest frame a client may send (larger closes with 1008)")
+	f.StringVar(&sf.tlsCert, "tls-cert-file", "", "serve HTTPS/WSS with this certificate (with --tls-key-file)")
+	f.StringVar(&sf.tlsKey, "tls-key-file", "", "key of --tls-cert-file")
+	f.StringSliceVar(&sf.origins, "allowed-origins", nil, "browser origins allowed at the upgrade (\"*\" for any; default: same host or none)")
+	sf.logs.register(cmd)
+	return cmd
+}
+
+// syncAuth builds the authenticator from exactly one of the JWT flags.
+func syncAuth(sf *syncFlags) (*fanout.Authenticator, error) {
+	switch {
+	case sf.jwtSecret != "" && sf.jwtPublicKey != "":
+		return nil, usageErrorf("sync: give --jwt-secret or --jwt-public-key-file, not both")
+	case sf.jwtSecret != "":
+		a, err := fanout.NewHMACAuth([]byte(sf.jwtSecret))
+		if err != nil {
+			return nil, withCode(exitUsage, err)
+		}
+		return a, nil
+	case sf.jwtPublicKey != "":
+		pem, err := os.ReadFile(sf.jwtPublicKey)
+		if err != nil {
+			return nil, usageErrorf("sync: --jwt-public-key-file: %v", err)
+		}
+		a, err := fanout.NewPublicKeyAuth(pem)
+		if err != nil {
+			return nil, withCode(exitUsage, err)
+		}
+		return a, nil
+	}
+	return nil, usageErrorf("sync: --jwt-secret or --jwt-public-key-file is required (or set WALCAST_JWT_SECRET)")
+}
+
+func runSync(ctx context.Context, log *slog.Logger, sf *syncFlags) error {
+	switch {
+	case sf.nf.cfg.URL == "":
+		return usageErrorf("sync: --nats-url is required (or set WALCAST_NATS_URL)")
+	case sf.journalURL == "":
+		return usageErrorf("sync: --journal-url is required (or set WALCAST_JOURNAL_URL)")
+	case sf.cursorSecret == "":
+		return usageErrorf("sync: --cursor-secret is required (or set WALCAST_CURSOR_SECRET); every node and reader must share it")
+	case (sf.tlsCert == "") != (sf.tlsKey == ""):
+		return usageErrorf("sync: --tls-cert-file and --tls-key-file go together")
+	}
+	auth, err := syncAuth(sf)
+	if err != nil {
+		return err
+	}
+	var tlsCfg *tls.Config
+	if sf.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(sf.tlsCert, sf.tlsKey)
+		if err != nil {
+			return usageErrorf("sync: TLS certificate: %v", err)
+		}
+		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	var prev [][]byte
+	for _, s := range sf.previousSecrets {
+		prev = append(prev, []byte(s))
+	}
+	j, err := journal.Open(ctx, journal.Config{URL: sf.journalURL, Schema: sf.schema,
+		CursorSecret: []byte(sf.cursorSecret), PreviousCursorSecrets: prev})
+	if err != nil {
+		return startupError(err)
+	}
+	defer j.Close()
+	metrics, err := telemetry.NewMetrics()
+	if err != nil {
+		return withCode(exitFailed, err)
+	}
+	defer metrics.Shutdown(context.WithoutCancel(ctx))
+
+	cfg := sf.cfg
+	cfg.NATS = sf.nf.cfg
+	cfg.Journal, cfg.Auth, cfg.SubjectPrefix, cfg.Logger = j, auth, sf.prefix, log
+	cfg.AllowedOrigins = sf.origins
+	cfg.Meter = metrics.Meter("walcast/sync")
+	node, err := fanout.OpenSyncNode(ctx, cfg)
+	if err != nil {
+		return withCode(exitUsage, err)
+	}
+	defer node.Close()
+
+	ops, err := telemetry.Listen(sf.httpListen, metrics, node.Ready)
+	if err != nil {
+		return withCode(exitUsage, err)
+	}
+	ln, err := net.Listen("tcp", sf.listen)
+	if err != nil {
+		return usageErrorf("sync: listen on %s: %v (choose another --listen)", sf.listen, err)
+	}
+	if tlsCfg != nil {
+		ln = tls.NewListener(ln, tlsCfg)
+	}
+	srv := &http.Server{Handler: node.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	scheme := "ws"
+	if tlsCfg != nil {
+		scheme = "wss"
+	}
+	log.Info("walcast sync starting", "version", version, "listen", scheme+"://"+ln.Addr().String()+"/v1/socket",
+		"http", ops.Addr(), "journal_schema", j.Schema(), "subject_prefix", sf.prefix,
+		"allowed_origins", strings.Join(sf.origins, ","))
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := ops.Serve(ctx, log); err != nil {
+			log.Error("http endpoints stopped", "err", err)
+		}
+	}()
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	select {
+	case <-ctx.Done():
+		err = nil
+	case err = <-serveErr:
+	}
+	// Sockets are hijacked connections: the node closes them (1001) before
+	// the server shuts down the rest.
+	node.Close()
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	_ = srv.Shutdown(sctx)
+	scancel()
+	if e := <-serveErr; err == nil && !errors.Is(e, http.ErrServerClosed) {
+		err = e
+	}
+	cancel()
+	wg.Wait()
+	if err != nil {
+		return withCode(exitFailed, fmt.Errorf("sync: %w", err))
+	}
+	log.Info("walcast sync stopped")
+	return nil
+}
