@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/walcast/walcast/internal/backoff"
 	"github.com/walcast/walcast/journal"
@@ -279,4 +280,35 @@ func referenceEnvelope(env []byte) ([]byte, error) {
 		return nil, err
 	}
 	return bytes.TrimRight(b.Bytes(), "\n"), nil
+}
+
+// RegisterMetrics exports the publisher's counters through meter (DESIGN §8).
+func (p *Publisher) RegisterMetrics(meter metric.Meter) error {
+	published, err := meter.Int64ObservableCounter("walcast.nats.published",
+		metric.WithDescription("envelopes published to NATS (republished copies included)"))
+	if err != nil {
+		return err
+	}
+	oversize, err := meter.Int64ObservableCounter("walcast.nats.oversize",
+		metric.WithDescription("reference envelopes published for changes larger than the NATS max payload"))
+	if err != nil {
+		return err
+	}
+	behind, err := meter.Int64ObservableGauge("walcast.nats.publish.lag", metric.WithUnit("{entry}"),
+		metric.WithDescription("journal entries not yet published (journal horizon minus published seq)"))
+	if err != nil {
+		return err
+	}
+	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		s := p.Stats()
+		o.ObserveInt64(published, int64(s.Messages))
+		o.ObserveInt64(oversize, int64(s.Oversize))
+		lag := s.Horizon - s.Published
+		if lag < 0 {
+			lag = 0
+		}
+		o.ObserveInt64(behind, lag)
+		return nil
+	}, published, oversize, behind)
+	return err
 }

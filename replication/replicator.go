@@ -142,7 +142,9 @@ type Replicator struct {
 
 	watermark atomic.Uint64 // journaled position, shared by loop and writer
 	serverEnd atomic.Uint64
+	delay     atomic.Int64 // ns from the newest commit of the last batch to its journal commit
 	stats     Stats
+	inst      *instruments // nil until RegisterMetrics
 
 	mu    sync.Mutex // guards the following fields
 	state State
@@ -229,6 +231,7 @@ func (r *Replicator) Run(ctx context.Context) error {
 			bo.Reset()
 		}
 		r.stats.Reconnects.Add(1)
+		r.countReconnect(err)
 		r.setRole(RoleReconnecting, 0, err)
 		delay := bo.Next()
 		r.log.Warn("replication session ended; reconnecting", "cause", err, "code", string(CodeOf(err)),
@@ -702,6 +705,9 @@ func (r *Replicator) writer(ctx context.Context, q *queue, gen int64, wake *wake
 		}
 		start := time.Now()
 		res, err := r.appendBatch(actx, gen, batch)
+		if err == nil && res.Entries > 0 {
+			r.recordBatch(ctx, time.Since(start), res.Entries)
+		}
 		if err == nil && r.log.Enabled(ctx, slog.LevelDebug) {
 			r.log.Debug("journal batch", "items", len(batch), "transactions", res.Transactions, "skipped", res.Skipped,
 				"entries", res.Entries, "watermark", res.Watermark.String(), "took", time.Since(start))
@@ -726,9 +732,13 @@ func (r *Replicator) appendBatch(ctx context.Context, gen int64, batch []queueIt
 	}
 	txs := make([]*decoder.Transaction, 0, len(batch))
 	var adv decoder.LSN
+	var newest time.Time
 	for _, it := range batch {
 		if it.tx != nil {
 			txs = append(txs, it.tx)
+			if it.tx.CommitTime.After(newest) {
+				newest = it.tx.CommitTime
+			}
 		} else if it.advance > adv {
 			adv = it.advance
 		}
@@ -736,6 +746,9 @@ func (r *Replicator) appendBatch(ctx context.Context, gen int64, batch []queueIt
 	res, err := r.j.Append(ctx, gen, txs)
 	if err != nil {
 		return res, err
+	}
+	if !newest.IsZero() {
+		r.delay.Store(int64(time.Since(newest)))
 	}
 	r.stats.Batches.Add(1)
 	r.stats.Transactions.Add(uint64(res.Transactions))

@@ -587,7 +587,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		body = string(b)
-		return strings.Contains(body, "walcast_journal_changes_total 2")
+		return strings.Contains(body, "walcast_journal_changes_total 2") && strings.Contains(body, "walcast_nats_published_total 2")
 	})
 	for _, want := range []string{
 		`walcast_replication_role{role="active"} 1`,
@@ -597,6 +597,12 @@ func TestMetricsEndpoint(t *testing.T) {
 		"walcast_replication_reconnects_total 0",
 		"walcast_journal_transactions_total ",
 		"walcast_journal_batches_total ",
+		"walcast_journal_append_duration_seconds_bucket",
+		"walcast_journal_batch_size_bucket",
+		"walcast_replication_lag_time_seconds ",
+		"walcast_nats_published_total ",
+		"walcast_nats_oversize_total 0",
+		"walcast_nats_publish_lag 0",
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)

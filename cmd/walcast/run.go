@@ -173,6 +173,9 @@ func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
 	}
 	defer nc.Close()
 	pub := fanout.NewPublisher(fanout.PublisherConfig{Prefix: s.prefix, Logger: log}, j, nc)
+	if err := pub.RegisterMetrics(metrics.Meter("walcast/publish")); err != nil {
+		return withCode(exitFailed, err)
+	}
 	srv, err := telemetry.Listen(s.httpListen, metrics, func() (bool, string) {
 		s := r.State()
 		switch s.Role {
