@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/fanout/client"
+	"github.com/walcast/walcast/internal/natstest"
+	"github.com/walcast/walcast/internal/pgtest"
+	"github.com/walcast/walcast/journal/journaltest"
+)
+
+const syncJWTSecret = "sync-e2e-jwt-secret-0123456789abcdef"
+
+// TestSyncEndToEnd: SQL writes → walcast run → NATS → walcast sync → Go
+// client. Every committed change arrives once, in commit order; a second
+// client that joins late with a cursor replays what it missed and then
+// follows live.
+func TestSyncEndToEnd(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	setupSource(t, url)
+	ns := natstest.Start(t)
+	run := startWalcast(t, runArgs(url, "--nats-url", ns.URL())...)
+	waitUntil(t, "run active", 30*time.Second, func() bool { return strings.HasPrefix(run.readyz(), "active") })
+	sync := startWalcast(t, "sync", "--nats-url", ns.URL(), "--journal-url", url, "--listen", "127.0.0.1:0",
+		"--http-listen", "127.0.0.1:0", "--jwt-secret", syncJWTSecret, "--cursor-secret", string(cursorSecret), "--log-format", "json")
+	listenRe := regexp.MustCompile(`"listen":"(ws://[^"]+)"`)
+	var wsURL string
+	waitUntil(t, "sync listening", 30*time.Second, func() bool {
+		m := listenRe.FindStringSubmatch(sync.log())
+		if m != nil {
+			wsURL = m[1]
+		}
+		return m != nil && strings.HasPrefix(sync.readyz(), "ready")
+	})
+
+	tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{
+		"sub": "e2e", "topics": []string{"public.items"}, "exp": time.Now().Add(time.Hour).Unix()}).SignedString([]byte(syncJWTSecret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, wsURL, client.Options{Token: tok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Subscribe("public.items", ""); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "subscribed", 30*time.Second, func() bool { return c.Cursor("public.items") != "" })
+	start := c.Cursor("public.items")
+
+	w := startWriter(t, url)
+	time.Sleep(time.Second)
+	committed := w.finish()
+	if len(committed) == 0 {
+		t.Fatal("the writer committed nothing")
+	}
+	check := func(c *client.Client) {
+		t.Helper()
+		v := journaltest.New()
+		v.Commit(committed...)
+		for n := 0; n < len(committed); {
+			ev, err := c.Next(ctx)
+			if err != nil {
+				t.Fatalf("after %d of %d changes: %v", n, len(committed), err)
+			}
+			if ev.Type != client.EventChange {
+				t.Fatalf("unexpected event %+v", ev)
+			}
+			var env decoder.Envelope
+			if err := json.Unmarshal(ev.Change, &env); err != nil {
+				t.Fatal(err)
+			}
+			v.Observe(journaltest.Item{Seq: env.Seq, Entity: env.Entity, EntitySeq: env.EntitySeq,
+				ID: fmt.Sprintf("%s:%s:%s", env.Op, env.Entity, env.Key["id"])})
+			n++
+		}
+		if err := v.Check(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check(c)
+
+	// A late client replays from the first client's starting cursor.
+	late, err := client.Dial(ctx, wsURL, client.Options{Token: tok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	if err := late.Subscribe("public.items", start); err != nil {
+		t.Fatal(err)
+	}
+	check(late)
+}
+
+func TestSyncUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"sync"}, "--nats-url is required"},
+		{[]string{"sync", "--nats-url", "nats://127.0.0.1:1"}, "--journal-url is required"},
+		{[]string{"sync", "--nats-url", "nats://127.0.0.1:1", "--journal-url", "postgres://x"}, "--cursor-secret is required"},
+		{[]string{"sync", "--nats-url", "nats://127.0.0.1:1", "--journal-url", "postgres://x", "--cursor-secret", "0123456789abcdef0123"}, "--jwt-secret or --jwt-public-key-file is required"},
+		{[]string{"sync", "--nats-url", "nats://127.0.0.1:1", "--journal-url", "postgres://x", "--cursor-secret", "0123456789abcdef0123",
+			"--jwt-secret", "a", "--jwt-public-key-file", "b"}, "not both"},
+	} {
+		code, _, stderr := walcast(t, nil, tc.args...)
+		if code != exitUsage || !strings.Contains(stderr, tc.want) {
+			t.Fatalf("%v: exit %d, stderr %q; want 2 and %q", tc.args, code, stderr, tc.want)
+		}
+	}
+	// Environment variables set the flags.
+	code, _, stderr := walcast(t, map[string]string{"WALCAST_NATS_URL": "nats://127.0.0.1:1"}, "sync")
+	if code != exitUsage || !strings.Contains(stderr, "--journal-url is required") {
+		t.Fatalf("env: exit %d %q", code, stderr)
+	}
+}
