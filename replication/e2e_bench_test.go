@@ -173,19 +173,5 @@ func writeWorkload(b *testing.B, url string, rows, perTxn int) {
 
 func currentLSN(b *testing.B, url string) decoder.LSN {
 	b.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var s string
-	if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
-		b.Fatal(err)
-	}
-	l, err := decoder.ParseLSN(s)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return l
+	return queryLSN(b, url, `SELECT pg_current_wal_lsn()::text`)
 }

@@ -16,14 +16,8 @@ import (
 // walsenderPID returns the pid streaming from the slot, or 0.
 func walsenderPID(t *testing.T, url string) int {
 	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
 	var pid int
-	_ = conn.QueryRow(ctx, `SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = 'walcast'`).Scan(&pid)
+	pgtest.MustQueryRow(t, url, `SELECT coalesce(max(active_pid), 0) FROM pg_replication_slots WHERE slot_name = 'walcast'`, nil, &pid)
 	return pid
 }
 

@@ -250,12 +250,7 @@ func TestRunJournalsMixedWorkloadExactlyOnce(t *testing.T) {
 	// And the big transaction really arrived in streamed pieces.
 	waitFor(t, "streamed transaction statistics", 10*time.Second, func() bool {
 		var n int64
-		conn, err := pgx.Connect(context.Background(), f.url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(context.Background())
-		_ = conn.QueryRow(context.Background(), `SELECT coalesce(sum(stream_txns), 0) FROM pg_stat_replication_slots WHERE slot_name = 'walcast'`).Scan(&n)
+		pgtest.MustQueryRow(t, f.url, `SELECT coalesce(sum(stream_txns), 0) FROM pg_stat_replication_slots WHERE slot_name = 'walcast'`, nil, &n)
 		return n > 0
 	})
 	if err := run.stop(t); err != nil {
@@ -265,16 +260,14 @@ func TestRunJournalsMixedWorkloadExactlyOnce(t *testing.T) {
 
 func slotConfirmed(t *testing.T, url string) decoder.LSN {
 	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	return queryLSN(t, url, `SELECT coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_replication_slots WHERE slot_name = 'walcast'`)
+}
+
+// queryLSN runs a query returning one LSN as text.
+func queryLSN(t testing.TB, url, sql string) decoder.LSN {
+	t.Helper()
 	var s string
-	if err := conn.QueryRow(ctx, `SELECT coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_replication_slots WHERE slot_name = 'walcast'`).Scan(&s); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.MustQueryRow(t, url, sql, nil, &s)
 	l, err := decoder.ParseLSN(s)
 	if err != nil {
 		t.Fatal(err)
@@ -316,18 +309,7 @@ func TestConfirmedNeverAheadOfWatermark(t *testing.T) {
 	for i := 0; i < 24; i++ {
 		execSQL(t, f.url, `INSERT INTO unpublished (pad) SELECT repeat('p', 1000) FROM generate_series(1, 2000)`)
 	}
-	var end decoder.LSN
-	ctxq := context.Background()
-	conn, err := pgx.Connect(ctxq, f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var s string
-	if err := conn.QueryRow(ctxq, `SELECT pg_current_wal_lsn()::text`).Scan(&s); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close(ctxq)
-	end, _ = decoder.ParseLSN(s)
+	end := queryLSN(t, f.url, `SELECT pg_current_wal_lsn()::text`)
 	waitFor(t, "slot to advance through unpublished churn", 30*time.Second, func() bool {
 		return slotConfirmed(t, f.url) >= end-1<<20
 	})

@@ -19,17 +19,7 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 // exec runs SQL statements (simple protocol, several allowed) as given.
 func execSQL(t testing.TB, url string, sqls ...string) {
 	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, sql := range sqls {
-		if _, err := conn.PgConn().Exec(ctx, sql).ReadAll(); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
+	pgtest.MustExec(t, url, sqls...)
 }
 
 func mustVerify(t *testing.T, cfg VerifyConfig) *Report {

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/walcast/walcast/internal/pgtest"
 )
 
@@ -36,17 +34,7 @@ func walcast(t *testing.T, env map[string]string, args ...string) (code int, std
 
 func execSQL(t testing.TB, url string, sqls ...string) {
 	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, sql := range sqls {
-		if _, err := conn.PgConn().Exec(ctx, sql).ReadAll(); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
+	pgtest.MustExec(t, url, sqls...)
 }
 
 // TestVerifyFailsThenPassesAfterPastingFix is the operator's path: verify

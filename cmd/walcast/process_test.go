@@ -553,16 +553,8 @@ func TestNATSOutageDoesNotHoldBackTheSlot(t *testing.T) {
 
 func confirmedFlush(t *testing.T, url string) decoder.LSN {
 	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
 	var s string
-	if err := conn.QueryRow(ctx, `SELECT coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_replication_slots WHERE slot_name = 'walcast'`).Scan(&s); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.MustQueryRow(t, url, `SELECT coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_replication_slots WHERE slot_name = 'walcast'`, nil, &s)
 	l, _ := decoder.ParseLSN(s)
 	return l
 }

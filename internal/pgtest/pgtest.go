@@ -547,3 +547,35 @@ func sanitize(s string) string {
 	}
 	return b.String()
 }
+
+// MustExec runs each SQL string on url with the simple protocol (so one string
+// may hold several statements), failing the test on the first error.
+func MustExec(t testing.TB, url string, sqls ...string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("pgtest: connect: %v", err)
+	}
+	defer conn.Close(ctx)
+	for _, sql := range sqls {
+		if _, err := conn.PgConn().Exec(ctx, sql).ReadAll(); err != nil {
+			t.Fatalf("pgtest: %s: %v", sql, err)
+		}
+	}
+}
+
+// MustQueryRow runs a one-row query on url and scans it into dest, failing the
+// test on error.
+func MustQueryRow(t testing.TB, url, sql string, args []any, dest ...any) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("pgtest: connect: %v", err)
+	}
+	defer conn.Close(ctx)
+	if err := conn.QueryRow(ctx, sql, args...).Scan(dest...); err != nil {
+		t.Fatalf("pgtest: %s: %v", sql, err)
+	}
+}
