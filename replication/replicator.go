@@ -28,6 +28,10 @@ import (
 	"github.com/walcast/walcast/journal"
 )
 
+// healthySession is how long a session must stream before its failure
+// counts as a fresh start for the reconnect backoff.
+const healthySession = 10 * time.Second
+
 // ErrSlotHeld is returned by Run when another replicator holds the slot's
 // lock and Config.Standby is false.
 var ErrSlotHeld = errors.New("another walcast run holds the replication slot")
@@ -228,6 +232,9 @@ func (r *Replicator) Run(ctx context.Context) error {
 			return err
 		}
 		if streamed {
+			// A session that streamed for a while starts the backoff over; one
+			// that fails right after START_REPLICATION (a dropped publication,
+			// say) keeps backing off.
 			bo.Reset()
 		}
 		r.stats.Reconnects.Add(1)
@@ -261,7 +268,7 @@ func terminal(err error, everConnected bool) bool {
 }
 
 // session runs one connection: lock, resume check, stream. streamed reports
-// whether it got as far as streaming (so the backoff resets).
+// whether it streamed for at least healthySession (so the backoff resets).
 func (r *Replicator) session(ctx context.Context, everConnected *bool) (streamed bool, err error) {
 	conn, err := connectReplication(ctx, r.cfg.DatabaseURL)
 	if err != nil {
@@ -298,7 +305,9 @@ func (r *Replicator) session(ctx context.Context, everConnected *bool) (streamed
 	}
 	r.setRole(RoleActive, gen, nil)
 	r.log.Info("streaming", "from", start.String(), "status_interval", statusEvery)
-	return true, r.stream(ctx, conn, gen, statusEvery)
+	began := time.Now()
+	err = r.stream(ctx, conn, gen, statusEvery)
+	return time.Since(began) >= healthySession, err
 }
 
 // waitForLock takes the slot's advisory lock on conn, waiting as a standby
