@@ -159,7 +159,12 @@ func (n *SyncNode) serveSocket(w http.ResponseWriter, r *http.Request) {
 			_ = tc.SetWriteBuffer(n.cfg.sndBuf)
 		}
 	}
+	s.mu.Lock()
 	s.conn = conn
+	if s.closing { // the node closed while we upgraded
+		s.startWriterLocked()
+	}
+	s.mu.Unlock()
 	n.stats.socketsOpen.Add(1)
 	defer n.stats.socketsOpen.Add(-1)
 	s.run()
@@ -377,22 +382,35 @@ func (s *socket) catchUp(m *member) {
 		// A replay is paced by the socket: it waits for room in the queue
 		// instead of dropping (only live frames are dropped).
 		moved := false
-		for i, f := range page.frames {
-			if !s.waitRoom(f.size) {
-				return
-			}
+		for i := 0; i < len(page.frames); {
+			f, seq := page.frames[i], page.seqs[i]
 			t.mu.Lock()
-			if m.state != memberCatchingUp || m.pos > page.seqs[i] || m.pos < from {
+			if m.state != memberCatchingUp || m.pos > seq || m.pos < from {
 				t.mu.Unlock()
 				moved = true
 				break
 			}
-			if m.pos == page.seqs[i] {
+			if m.pos == seq {
 				t.mu.Unlock()
+				i++
 				continue
 			}
-			m.deliverLocked(f, page.seqs[i])
+			queued, wait := s.enqueueReplay(f)
+			if queued {
+				m.pos = seq
+				i++
+			}
 			t.mu.Unlock()
+			if !queued && wait == nil {
+				return // closing
+			}
+			if wait != nil {
+				select {
+				case <-wait:
+				case <-s.ctx.Done():
+					return
+				}
+			}
 		}
 		t.mu.Lock()
 		if moved || m.state != memberCatchingUp {
@@ -410,30 +428,25 @@ func (s *socket) catchUp(m *member) {
 	}
 }
 
-// waitRoom waits until size bytes fit in the outbound queue. It reports
-// false when the socket closes first.
-func (s *socket) waitRoom(size int) bool {
-	for {
-		s.mu.Lock()
-		if s.closing {
-			s.mu.Unlock()
-			return false
-		}
-		if s.queued == 0 || s.queued+size <= s.n.cfg.MaxBufferedBytes {
-			s.mu.Unlock()
-			return true
-		}
+// enqueueReplay queues a replayed frame if it fits; otherwise it returns a
+// channel closed when the writer frees room. Replays are never dropped. It
+// returns (false, nil) once the socket is closing.
+func (s *socket) enqueueReplay(f *frame) (bool, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing || s.conn == nil {
+		return false, nil
+	}
+	if s.queued > 0 && s.queued+f.size > s.n.cfg.MaxBufferedBytes {
 		if s.room == nil {
 			s.room = make(chan struct{})
 		}
-		ch := s.room
-		s.mu.Unlock()
-		select {
-		case <-ch:
-		case <-s.ctx.Done():
-			return false
-		}
+		return false, s.room
 	}
+	s.queue = append(s.queue, f)
+	s.queued += f.size
+	s.startWriterLocked()
+	return true, nil
 }
 
 func (s *socket) isClosing() bool {

@@ -528,6 +528,7 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 				continue
 			}
 			f = changeFrame(t.entity, cur, payload)
+			n.stats.framesEncoded.Add(1)
 			if enc == nil {
 				enc = map[string]*frame{}
 			}

@@ -108,13 +108,18 @@ func ins(entity string, id int) row { return row{entity: entity, op: decoder.OpI
 // read back from the journal.
 func (e *syncEnv) appendRows(rows ...row) []journal.Entry {
 	e.t.Helper()
+	return e.appendRowsAt(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC), rows...)
+}
+
+// appendRowsAt is appendRows with the envelopes' commitTime set to ct.
+func (e *syncEnv) appendRowsAt(ct time.Time, rows ...row) []journal.Entry {
+	e.t.Helper()
 	e.mu.Lock()
 	e.xid++
 	xid := e.xid
 	e.lsn += decoder.LSN(len(rows) + 10)
 	end := e.lsn
 	e.mu.Unlock()
-	ct := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
 	chs := make([]decoder.Change, len(rows))
 	for i, r := range rows {
 		lsn := end - decoder.LSN(len(rows)) + decoder.LSN(i)

@@ -18,6 +18,7 @@ type syncStats struct {
 	replayGaps    atomic.Int64
 	liveReceived  atomic.Int64
 	liveHandled   atomic.Int64 // messages whose delivery finished (tests)
+	framesEncoded atomic.Int64 // live change frames encoded (benchmarks)
 
 	mu       sync.Mutex       // guards the following fields
 	closed   map[string]int64 // close reason → sockets

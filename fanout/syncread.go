@@ -3,6 +3,7 @@ package fanout
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/walcast/walcast/journal"
 )
@@ -15,6 +16,9 @@ type sharedReads struct {
 
 	mu       sync.Mutex // guards the following field
 	inflight map[readKey]*readCall
+
+	queries  atomic.Int64 // journal reads made
+	testHook func()       // tests: runs before each journal read
 }
 
 type readKey struct {
@@ -23,9 +27,10 @@ type readKey struct {
 }
 
 type readCall struct {
-	done chan struct{}
-	page readPage
-	err  error
+	waiters int // guarded by sharedReads.mu
+	done    chan struct{}
+	page    readPage
+	err     error
 }
 
 // readPage is one read of the journal, encoded for the scope.
@@ -63,6 +68,7 @@ func (r *sharedReads) read(ctx context.Context, q journal.Query, from int64) (re
 			close(c.done)
 		}()
 	}
+	c.waiters++
 	r.mu.Unlock()
 	select {
 	case <-c.done:
@@ -74,6 +80,10 @@ func (r *sharedReads) read(ctx context.Context, q journal.Query, from int64) (re
 
 func (r *sharedReads) do(q journal.Query, from int64) (readPage, error) {
 	j := r.n.j
+	if r.testHook != nil {
+		r.testHook()
+	}
+	r.queries.Add(1)
 	var err error
 	if q.Cursor, err = j.CursorAt(q, from); err != nil {
 		return readPage{}, err

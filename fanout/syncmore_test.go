@@ -1,0 +1,103 @@
+package fanout
+
+import (
+	"bytes"
+	"io"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/internal/telemetry"
+	"github.com/walcast/walcast/journal"
+)
+
+// Storms: many sockets replaying the same range wait on one journal read.
+func TestSyncStormSharesJournalReads(t *testing.T) {
+	release := make(chan struct{})
+	e := newSyncEnv(t)
+	e.node.reads.testHook = func() { <-release }
+	es := e.commit(ins(orders, 1), ins(orders, 2), ins(orders, 3))
+	cur, _ := e.j.CursorAt(journal.Query{Entities: []string{orders}}, es[0].Seq-1)
+	const n = 40
+	var conns []*wsConn
+	tok := token(t, []string{orders}, "", time.Hour)
+	for range n {
+		c := e.mustDial(tok)
+		c.sub(orders, cur)
+		conns = append(conns, c)
+	}
+	waitFor(t, "every socket waiting on one read", func() bool {
+		e.node.reads.mu.Lock()
+		defer e.node.reads.mu.Unlock()
+		c := e.node.reads.inflight[readKey{entity: orders, from: es[0].Seq - 1}]
+		return c != nil && c.waiters == n
+	})
+	close(release)
+	for _, c := range conns {
+		c.expect("subscribed")
+		if got := seqsOf(c.expectChanges(3)); !slices.Equal(got, entrySeqs(es)) {
+			t.Fatalf("got %v", got)
+		}
+	}
+	// One read for the shared range; the rest are the (also shared, but
+	// not necessarily concurrent) follow-ups at the horizon.
+	if q := e.node.reads.queries.Load(); q > n/2 {
+		t.Fatalf("%d journal reads for %d sockets", q, n)
+	}
+}
+
+// An oversize envelope (published without its row data) is fetched from
+// the journal before delivery.
+func TestSyncOversizeFetchedFromJournal(t *testing.T) {
+	e := newSyncEnv(t)
+	c := e.mustDial(token(t, []string{orders}, "", time.Hour))
+	c.sub(orders, "")
+	c.expect("subscribed")
+	e.topicLive(orders, 1)
+	en := e.appendRows(row{entity: orders, op: decoder.OpInsert, id: 1, pad: 5000})[0]
+	full := en.Envelope
+	ref := bytes.Replace(full, []byte(`"op":"insert"`), []byte(`"op":"insert","oversize":true`), 1)
+	ref = ref[:bytes.Index(ref, []byte(`,"key"`))]
+	ref = append(ref, '}')
+	en.Envelope = ref
+	e.publish(en)
+	f := c.expect("change")
+	if !bytes.Equal(f.Change, full) {
+		t.Fatalf("delivered %s\nwant the journaled envelope", f.Change)
+	}
+}
+
+func TestSyncMetrics(t *testing.T) {
+	m, err := telemetry.NewMetrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newSyncEnv(t, func(c *SyncConfig) { c.Meter = m.Meter("walcast/sync") })
+	c := e.mustDial(token(t, []string{orders}, "", time.Hour))
+	c.sub(orders, "")
+	c.expect("subscribed")
+	e.topicLive(orders, 1)
+	e.commit(ins(orders, 1))
+	c.expect("change")
+	_, _, _ = e.dial("", 0)
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body, _ := io.ReadAll(rec.Body)
+	for _, want := range []string{
+		"walcast_sync_sockets_open 1",
+		"walcast_sync_frames_sent_total 2",
+		"walcast_sync_frames_dropped_total 0",
+		"walcast_sync_replay_gaps_total 0",
+		`walcast_sync_connections_rejected_total{reason="unauthorized"} 1`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Fatalf("metrics lack %q:\n%s", want, body)
+		}
+	}
+	if ok, detail := e.node.Ready(); !ok {
+		t.Fatalf("not ready: %s", detail)
+	}
+}
