@@ -29,3 +29,12 @@ psql -X -q -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB
     -v role="$SETUP_ROLE" -v password="$SETUP_PASSWORD" \
     -v publication="$SETUP_PUBLICATION" -v tables="$SETUP_TABLES" \
     -f "$SETUP_SQL"
+
+# Workaround: journal.Open runs CREATE SCHEMA IF NOT EXISTS, which PostgreSQL
+# refuses without CREATE on the database even when the schema already exists
+# (setup.sql created it, owned by the role). Remove this grant once the
+# journal skips CREATE SCHEMA for an existing schema.
+psql -X -q -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB" \
+    -v role="$SETUP_ROLE" <<'SQL'
+SELECT format('GRANT CREATE ON DATABASE %I TO %I', current_database(), :'role') \gexec
+SQL
