@@ -272,4 +272,3 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 		time.Sleep(50 * time.Millisecond)
 	}
 }
-
