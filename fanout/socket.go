@@ -74,9 +74,9 @@ var pongFrame = newFrame([]byte(`{"t":"pong"}`))
 // socketGap is a topic owed a replay-gap frame once the queue drains.
 type socketGap struct{ topic, cursor string }
 
-// socket is one WebSocket connection. The handler goroutine that upgraded
-// it reads it and owns it; it starts the writer and catch-up goroutines on
-// demand and waits for them before returning.
+// socket is one WebSocket connection. Its reading goroutine (run) owns it:
+// it starts the writer and catch-up goroutines on demand and waits for them
+// before returning.
 type socket struct {
 	n      *SyncNode
 	conn   *websocket.Conn
@@ -103,8 +103,8 @@ type socket struct {
 	closeReason string
 }
 
-// serveSocket authenticates, applies the admission limits and upgrades; the
-// handler goroutine then reads the socket until it closes.
+// serveSocket authenticates, applies the admission limits and upgrades, then
+// hands the socket to its reading goroutine.
 func (n *SyncNode) serveSocket(w http.ResponseWriter, r *http.Request) {
 	claims, err := n.cfg.Auth.Verify(tokenFromRequest(r))
 	if err != nil {
@@ -142,16 +142,17 @@ func (n *SyncNode) serveSocket(w http.ResponseWriter, r *http.Request) {
 	n.sockets[s] = struct{}{}
 	n.conns.Add(1)
 	n.mu.Unlock()
-	defer func() {
+	forget := func() {
 		n.mu.Lock()
 		delete(n.sockets, s)
 		n.mu.Unlock()
 		n.conns.Done()
-	}()
+	}
 
 	conn, err := n.upgrader.Upgrade(w, r, nil)
 	if err != nil {
 		s.cancel()
+		forget()
 		return // the upgrader answered the request
 	}
 	if n.cfg.sndBuf > 0 {
@@ -166,8 +167,16 @@ func (n *SyncNode) serveSocket(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Unlock()
 	n.stats.socketsOpen.Add(1)
-	defer n.stats.socketsOpen.Add(-1)
-	s.run()
+	// The socket is read on a fresh goroutine the node owns (Close waits for
+	// it through n.conns) and this handler returns: net/http's connection
+	// state, its 4 KB read and write buffers and the request become garbage,
+	// and the reader's stack stays small. An idle socket costs this
+	// goroutine, gorilla's small read buffer and the socket's own state.
+	go func() {
+		defer forget()
+		defer n.stats.socketsOpen.Add(-1)
+		s.run()
+	}()
 }
 
 // run reads the socket until it fails or closes, then tears it down.

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -267,7 +268,13 @@ func BenchmarkSyncIdleMemory10k(b *testing.B) {
 			runtime.ReadMemStats(&ms1)
 			r1 := rss()
 			b.ReportMetric(float64(r1-r0)/n, "rss-bytes/socket")
-			b.ReportMetric(float64(int64(ms1.HeapInuse+ms1.StackInuse)-int64(ms0.HeapInuse+ms0.StackInuse))/n, "heap+stack-bytes/socket")
+			b.ReportMetric(float64(int64(ms1.HeapInuse)-int64(ms0.HeapInuse))/n, "heap-bytes/socket")
+			b.ReportMetric(float64(int64(ms1.StackInuse)-int64(ms0.StackInuse))/n, "stack-bytes/socket")
+			if f := os.Getenv("WALCAST_SYNC_BENCH_HEAPPROFILE"); f != "" {
+				out, _ := os.Create(f)
+				_ = pprof.WriteHeapProfile(out)
+				out.Close()
+			}
 			bc.stop()
 		}()
 	}
