@@ -118,6 +118,22 @@ func TestComposeSystem(t *testing.T) {
 	s := startService(t, "walcast-sync", sy.Command, local(sy.Environment))
 	waitFor(t, "walcast-sync to be ready", 30*time.Second, func() bool { return s.status("/readyz") == http.StatusOK })
 
+	// The series the services export are the ones the dashboard test
+	// derives from the source (which checks its derivation rules).
+	exported := exportedMetrics(t)
+	for _, svc := range []*service{a, s} {
+		for _, line := range strings.Split(svc.get("/metrics"), "\n") {
+			name, _, _ := strings.Cut(line, " ")
+			name, _, _ = strings.Cut(name, "{")
+			if strings.HasPrefix(name, "walcast_") && !exported[name] {
+				t.Errorf("%s exports %s, which exportedMetrics does not derive from the source", svc.name, name)
+			}
+		}
+	}
+	if m := a.get("/metrics"); !strings.Contains(m, `walcast_replication_role{role="active"} 1`) || !strings.Contains(m, "walcast_journal_changes_total 1") {
+		t.Errorf("walcast-run-a metrics after one journaled insert:\n%s", m)
+	}
+
 	// docker compose stop walcast-run-a: SIGTERM; the standby takes over.
 	a.stop(t)
 	waitFor(t, "walcast-run-b to take over", 30*time.Second, func() bool { return strings.HasPrefix(b.get("/readyz"), "active") })
