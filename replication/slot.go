@@ -120,6 +120,17 @@ func DropSlot(ctx context.Context, databaseURL, slot string) error {
 	if err != nil {
 		return err
 	}
+	var current string
+	if err := conn.QueryRow(ctx, `SELECT current_database()`).Scan(&current); err != nil {
+		return readError("drop slot "+slot, err)
+	}
+	if info.Database != "" && info.Database != current {
+		// walcast's lock lives in the slot's database; from here it fences
+		// nothing.
+		return &Error{Code: CodeConfig, Op: "drop slot " + slot,
+			Err: fmt.Errorf("slot %q belongs to database %q, not %q", slot, info.Database, current),
+			Fix: "point --database-url at database " + strconv.Quote(info.Database)}
+	}
 	if info.Active || !locked {
 		return heldError("drop slot "+slot, info)
 	}
@@ -287,8 +298,11 @@ func heldError(op string, info SlotInfo) error {
 	} else {
 		what = fmt.Sprintf("slot %q is held: %s holds walcast's lock for it and may start streaming any moment", info.Slot, who)
 	}
-	return &Error{Code: CodeSlotHeld, Op: op, Err: fmt.Errorf("%w: %s", ErrSlotHeld, what),
-		Fix: "stop every `walcast run` using this slot first (standbys too, or one takes over), then drop it again"}
+	fix := "stop every `walcast run` using this slot first (standbys too, or one takes over), then drop it again"
+	if h := info.Holder; h != nil && !h.Walcast {
+		fix = fmt.Sprintf("stop the process streaming from the slot (SELECT pg_terminate_backend(%d); ends its session, but a client that reconnects takes the slot again), then drop it again", h.PID)
+	}
+	return &Error{Code: CodeSlotHeld, Op: op, Err: fmt.Errorf("%w: %s", ErrSlotHeld, what), Fix: fix}
 }
 
 // describe names the session for a person: "pid 123 (walcast from 10.0.0.5:51234)".

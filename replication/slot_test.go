@@ -243,3 +243,34 @@ func TestDropSlotRefusesWhileLockHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDropSlotOtherHolderAndDatabase: a slot streamed by something other than
+// walcast gets a fix that says how to end that session, and a slot of
+// another database is not dropped from here (walcast's lock for it lives in
+// its own database).
+func TestDropSlotOtherHolderAndDatabase(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	other := pgtest.NewDatabase(t)
+	execSQL(t, url, `CREATE TABLE t (id int PRIMARY KEY)`, `CREATE PUBLICATION p FOR TABLE t`,
+		`SELECT pg_create_logical_replication_slot('foreign_consumer', 'pgoutput')`)
+
+	err := DropSlot(context.Background(), other, "foreign_consumer")
+	if CodeOf(err) != CodeConfig || !strings.Contains(err.Error(), "belongs to database") {
+		t.Fatalf("drop from another database: %v", err)
+	}
+
+	pid, _ := streamFrom(t, url+"&application_name=consumer", "foreign_consumer", "p")
+	waitFor(t, "the slot to become active", 10*time.Second, func() bool {
+		info, err := SlotStatus(context.Background(), url, "foreign_consumer")
+		return err == nil && info.Active
+	})
+	info := mustSlotStatus(t, other, "foreign_consumer") // slots are visible server-wide
+	if info.Holder == nil || info.Holder.Walcast || info.Holder.ApplicationName != "consumer" {
+		t.Fatalf("holder: %+v", info.Holder)
+	}
+	err = DropSlot(context.Background(), url, "foreign_consumer")
+	if !errors.Is(err, ErrSlotHeld) || !strings.Contains(err.Error(), `pid `+strconv.Itoa(pid)+` ("consumer" from 127.0.0.1:`) ||
+		!strings.Contains(err.Error(), "pg_terminate_backend("+strconv.Itoa(pid)+")") {
+		t.Fatalf("drop of a slot another client streams from: %v", err)
+	}
+}
