@@ -2,6 +2,7 @@ package fanout
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"io"
@@ -19,19 +20,41 @@ import (
 	"github.com/walcast/walcast/journal"
 )
 
-// frame is one encoded node → client frame. The same frame (one byte slice,
-// one prepared WebSocket frame) is queued on every socket it goes to.
+// frame is one encoded node → client frame: the complete WebSocket frame
+// on the wire (header and payload; server frames are not masked). The same
+// frame is queued on every socket it goes to, so a delivery encodes once
+// however many sockets it reaches, and a socket's writer sends whatever is
+// queued with one writev. (The node negotiates no compression; a
+// compressed socket would need a per-mode prepared frame instead.)
 type frame struct {
-	pm   *websocket.PreparedMessage
-	size int
+	wire []byte
+	size int // bytes counted against MaxBufferedBytes: len(wire)
 }
 
-func newFrame(b []byte) *frame {
-	pm, err := websocket.NewPreparedMessage(websocket.TextMessage, b)
-	if err != nil { // only for an invalid message type
-		panic(err)
+// wsFrame builds an unmasked, final WebSocket frame of the given opcode.
+func wsFrame(opcode byte, payload []byte) []byte {
+	n := len(payload)
+	var b []byte
+	switch {
+	case n < 126:
+		b = make([]byte, 2, 2+n)
+		b[1] = byte(n)
+	case n <= 0xffff:
+		b = make([]byte, 4, 4+n)
+		b[1] = 126
+		binary.BigEndian.PutUint16(b[2:], uint16(n))
+	default:
+		b = make([]byte, 10, 10+n)
+		b[1] = 127
+		binary.BigEndian.PutUint64(b[2:], uint64(n))
 	}
-	return &frame{pm: pm, size: len(b)}
+	b[0] = 0x80 | opcode
+	return append(b, payload...)
+}
+
+func newFrame(payload []byte) *frame {
+	w := wsFrame(websocket.TextMessage, payload)
+	return &frame{wire: w, size: len(w)}
 }
 
 // changeFrame encodes {"t":"change","topic":…,"cursor":…,"change":envelope}.
@@ -106,6 +129,11 @@ type socket struct {
 // serveSocket authenticates, applies the admission limits and upgrades, then
 // hands the socket to its reading goroutine.
 func (n *SyncNode) serveSocket(w http.ResponseWriter, r *http.Request) {
+	if !n.checkOrigin(r) {
+		n.stats.inc(&n.stats.rejected, "origin")
+		http.Error(w, "origin not allowed", http.StatusForbidden)
+		return
+	}
 	claims, err := n.cfg.Auth.Verify(tokenFromRequest(r))
 	if err != nil {
 		n.stats.inc(&n.stats.rejected, "unauthorized")
@@ -160,6 +188,19 @@ func (n *SyncNode) serveSocket(w http.ResponseWriter, r *http.Request) {
 			_ = tc.SetWriteBuffer(n.cfg.sndBuf)
 		}
 	}
+	// Every byte to the client goes through the socket's writer: gorilla's
+	// own control replies are replaced.
+	conn.SetPingHandler(func(data string) error {
+		s.enqueue(&frame{wire: wsFrame(websocket.PongMessage, []byte(data)), size: len(data) + 2}, nil)
+		return nil
+	})
+	conn.SetCloseHandler(func(code int, _ string) error {
+		if code == websocket.CloseNoStatusReceived {
+			code = websocket.CloseNormalClosure
+		}
+		s.closeWith(code, "", "client")
+		return nil
+	})
 	s.mu.Lock()
 	s.conn = conn
 	if s.closing { // the node closed while we upgraded
@@ -557,15 +598,29 @@ func (s *socket) write() {
 			}
 			s.gaps = nil
 		}
-		f := s.queue[s.head]
-		s.queue[s.head] = nil
-		s.head++
+		// Take everything queued (bounded) and send it with one writev.
+		bp := writeBatchPool.Get().(*net.Buffers)
+		bufs := (*bp)[:0]
+		size := 0
+		for s.head < len(s.queue) && len(bufs) < 512 && size < 1<<20 {
+			f := s.queue[s.head]
+			s.queue[s.head] = nil
+			s.head++
+			bufs = append(bufs, f.wire)
+			size += f.size
+		}
 		s.mu.Unlock()
 
-		_ = s.conn.SetWriteDeadline(time.Now().Add(s.n.cfg.WriteTimeout))
-		err := s.conn.WritePreparedMessage(f.pm)
+		nc := s.conn.NetConn()
+		_ = nc.SetWriteDeadline(time.Now().Add(s.n.cfg.WriteTimeout))
+		frames := len(bufs)
+		*bp = bufs
+		_, err := bp.WriteTo(nc) // consumes *bp
+		clear(bufs)
+		*bp = bufs[:0]
+		writeBatchPool.Put(bp)
 		s.mu.Lock()
-		s.queued -= f.size
+		s.queued -= size
 		if s.queued < 0 || s.closing {
 			s.queued = 0
 		}
@@ -579,19 +634,19 @@ func (s *socket) write() {
 			_ = s.conn.Close()
 			continue
 		}
-		s.n.stats.framesSent.Add(1)
+		s.n.stats.framesSent.Add(int64(frames))
 	}
 }
+
+var writeBatchPool = sync.Pool{New: func() any { return new(net.Buffers) }}
 
 // sendClose sends the close frame, waits briefly for the client's answer
 // (so the client reads the frame rather than a reset) and closes.
 func (s *socket) sendClose(code int, reason string) {
 	if code != websocket.CloseAbnormalClosure {
-		msg := websocket.FormatCloseMessage(code, reason)
-		if code == websocket.CloseNormalClosure && reason == "" {
-			msg = websocket.FormatCloseMessage(code, "")
-		}
-		_ = s.conn.WriteControl(websocket.CloseMessage, msg, time.Now().Add(time.Second))
+		nc := s.conn.NetConn()
+		_ = nc.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = nc.Write(wsFrame(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason)))
 	}
 	t := time.NewTimer(time.Second)
 	defer t.Stop()

@@ -635,6 +635,13 @@ func TestSyncAdmission(t *testing.T) {
 	if err == nil || resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("beyond the accept budget: %v %v", err, resp)
 	}
+	// A browser origin from another site is refused at the upgrade.
+	clock.Advance(10 * time.Second)
+	d := websocket.Dialer{}
+	_, resp, err = d.Dial(e.wsURL(tok), http.Header{"Origin": {"https://evil.example"}})
+	if err == nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("foreign origin: %v %v", err, resp)
+	}
 	s := e.node.Stats()
 	if s.Rejected["max-connections"] != 1 || s.Rejected["accept-rate"] != 1 {
 		t.Fatalf("rejections %v", s.Rejected)

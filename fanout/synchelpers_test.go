@@ -153,9 +153,17 @@ func (e *syncEnv) appendRowsAt(ct time.Time, rows ...row) []journal.Entry {
 	return e.entries(res.FirstSeq, res.LastSeq)
 }
 
-// entries reads the entries first..last back.
+// entries reads the entries first..last back: with one read, or one by
+// one when the range holds a resync entry (which a cursor read stops at).
 func (e *syncEnv) entries(first, last int64) []journal.Entry {
 	e.t.Helper()
+	q := journal.Query{AllTenants: true, Limit: int(last - first + 1)}
+	if cur, err := e.j.CursorAt(q, first-1); err == nil {
+		q.Cursor = cur
+		if res, err := e.j.Changes(syncCtx(e.t), q); err == nil && len(res.Changes) == q.Limit {
+			return res.Changes
+		}
+	}
 	var out []journal.Entry
 	for seq := first; seq <= last; seq++ {
 		en, err := e.j.EntryAt(syncCtx(e.t), seq)
