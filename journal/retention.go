@@ -90,19 +90,27 @@ func (j *Journal) pruneBatch(ctx context.Context, r Retention) (n, bytes, floor 
 		if err != nil {
 			return err
 		}
+		// Cut the longest prefix whose every entry is over a bound; stop at
+		// the first entry that is not (commit times need not be monotonic
+		// across a source clock step, and a prefix is all the floor can
+		// describe).
 		last := floor - 1
+		stopped := false
 		var seq, sz int64
 		var ct time.Time
 		_, err = pgx.ForEachRow(q, []any{&seq, &sz, &ct}, func() error {
-			if last != seq-1 {
-				return nil // stop at a hole (cannot happen: seq is contiguous)
+			if stopped || last != seq-1 { // a hole cannot happen: seq is contiguous
+				stopped = true
+				return nil
 			}
-			if over() || (!cutoff.IsZero() && ct.Before(cutoff)) {
-				last = seq
-				rows--
-				size -= sz
-				bytes += sz
+			if !over() && (cutoff.IsZero() || !ct.Before(cutoff)) {
+				stopped = true
+				return nil
 			}
+			last = seq
+			rows--
+			size -= sz
+			bytes += sz
 			return nil
 		})
 		if err != nil {

@@ -224,3 +224,24 @@ func TestImports(t *testing.T) {
 		}
 	}
 }
+
+// TestRetentionByAgeStopsAtTheFirstYoungEntry: the floor describes a prefix,
+// so an old entry behind a young one (a source clock step) waits.
+func TestRetentionByAgeStopsAtTheFirstYoungEntry(t *testing.T) {
+	j, gen, _ := newJournal(t)
+	now := time.Now()
+	ages := []time.Duration{5 * time.Hour, 4 * time.Hour, time.Minute, 3 * time.Hour, time.Minute}
+	var txs []*decoder.Transaction
+	for i, age := range ages {
+		txs = append(txs, mkTx(uint32(i), decoder.LSN(100*(i+1)), now.Add(-age), ins("public.a", i)))
+	}
+	mustAppend(t, j, gen, txs...)
+	res, err := j.Prune(testCtx(t), Retention{MaxAge: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Rows != 2 || res.Floor != 3 {
+		t.Fatalf("%+v", res)
+	}
+	assertRetained(t, j, 3, 5)
+}
