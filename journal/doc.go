@@ -11,11 +11,12 @@
 // # Ordering
 //
 // Every append locks the single meta row (SELECT … FOR UPDATE) before it
-// assigns sequence numbers and releases it only by committing or rolling back.
-// Appends are therefore serialized, and a later append can only take the lock
-// once the earlier one has committed and become visible. Sequence numbers are
-// allocated from the meta row in the same transaction that writes the
-// entries, so a rolled-back append consumes none. Together this gives: seq is
+// writes an entry, checks under that lock that the next_seq its entries are
+// numbered from is the meta row's, and releases the lock only by committing
+// or rolling back. Appends are therefore serialized, and a later append can
+// only take the lock once the earlier one has committed and become visible.
+// next_seq advances in the same transaction that writes the entries, so a
+// rolled-back append consumes no seq. Together this gives: seq is
 // contiguous, and seq order equals commit (visibility) order — a reader whose
 // snapshot sees entry N sees every entry below N. Reading "seq > cursor ORDER
 // BY seq" in one snapshot therefore never skips an entry that becomes visible
