@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -285,6 +286,9 @@ func (s *socket) handle(b []byte) {
 	}
 }
 
+// maxTopicsPerSocket bounds one socket's subscriptions.
+const maxTopicsPerSocket = 256
+
 // subscribe makes the socket a member of topic: live subscription first,
 // then the journal from the cursor (or from now), then live.
 func (s *socket) subscribe(topic, cursor string) {
@@ -300,6 +304,9 @@ func (s *socket) subscribe(topic, cursor string) {
 	if old := s.members[topic]; old != nil {
 		delete(s.members, topic)
 		n.leave(old)
+	} else if len(s.members) >= maxTopicsPerSocket {
+		s.enqueue(errorFrame("too-many-topics", fmt.Sprintf("a socket may follow at most %d topics", maxTopicsPerSocket), topic), nil)
+		return
 	}
 	q := journal.Query{Entities: []string{topic}, Tenant: s.claims.Tenant}
 	m := &member{s: s, topic: topic, q: q, state: memberCatchingUp}

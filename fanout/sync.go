@@ -352,6 +352,8 @@ type syncTopic struct {
 	n      *SyncNode
 	entity string
 	sub    *nats.Subscription
+	ready  chan struct{} // closed once the subscription is active on the server and baselined
+	err    error         // set before ready is closed when that failed
 
 	mu            sync.Mutex // guards the following fields
 	members       map[*member]struct{}
@@ -396,7 +398,7 @@ func (n *SyncNode) join(ctx context.Context, m *member) (*syncTopic, error) {
 		}
 		t := n.topics[m.topic]
 		if t == nil {
-			t = &syncTopic{n: n, entity: m.topic, members: map[*member]struct{}{}}
+			t = &syncTopic{n: n, entity: m.topic, members: map[*member]struct{}{}, ready: make(chan struct{})}
 			sub, err := n.nc.Subscribe(EntitySubjects(n.cfg.SubjectPrefix, m.topic), t.onMsg)
 			if err != nil {
 				n.mu.Unlock()
@@ -409,20 +411,22 @@ func (n *SyncNode) join(ctx context.Context, m *member) (*syncTopic, error) {
 			t.members[m] = struct{}{}
 			n.mu.Unlock()
 			// Live first: the server has the subscription before any read.
-			if err := n.nc.FlushTimeout(5 * time.Second); err != nil {
-				n.leave(m)
-				return nil, err
+			var last int64
+			err = n.nc.FlushTimeout(5 * time.Second)
+			if err == nil {
+				last, err = n.j.LastEntitySeq(ctx, m.topic)
 			}
-			last, err := n.j.LastEntitySeq(ctx, m.topic)
+			t.mu.Lock()
+			if err == nil && !t.baselined {
+				t.baselined, t.lastEntitySeq = true, last
+			}
+			t.err = err
+			t.mu.Unlock()
+			close(t.ready)
 			if err != nil {
 				n.leave(m)
 				return nil, err
 			}
-			t.mu.Lock()
-			if !t.baselined {
-				t.baselined, t.lastEntitySeq = true, last
-			}
-			t.mu.Unlock()
 			return t, nil
 		}
 		n.mu.Unlock()
@@ -434,6 +438,18 @@ func (n *SyncNode) join(ctx context.Context, m *member) (*syncTopic, error) {
 		m.t = t
 		t.members[m] = struct{}{}
 		t.mu.Unlock()
+		// Joining a topic another socket is creating: wait until its
+		// subscription is live too.
+		select {
+		case <-t.ready:
+		case <-ctx.Done():
+			n.leave(m)
+			return nil, ctx.Err()
+		}
+		if t.err != nil {
+			n.leave(m)
+			return nil, t.err
+		}
 		return t, nil
 	}
 }
