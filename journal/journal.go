@@ -258,8 +258,18 @@ func (j *Journal) migrate(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", advisoryClass, j.schema); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+schemaQ); err != nil {
+		// Create the schema only when it is missing: CREATE SCHEMA checks the
+		// database CREATE privilege even with IF NOT EXISTS, and a role that
+		// was given an existing schema (deploy/postgres/setup.sql) need not
+		// have it.
+		var exists bool
+		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", j.schema).Scan(&exists); err != nil {
 			return err
+		}
+		if !exists {
+			if _, err := tx.Exec(ctx, "CREATE SCHEMA "+schemaQ); err != nil {
+				return err
+			}
 		}
 		if _, err := tx.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+j.sql.migrations+
 			" (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"); err != nil {

@@ -40,31 +40,38 @@ func (j *Journal) ReadAfter(ctx context.Context, after int64, limit int) (Log, e
 	}
 	defer j.pool.release(conn)
 	var out Log
-	if err := conn.QueryRow(ctx, `SELECT m.next_seq - 1, r.floor FROM `+j.sql.meta+` m, `+j.sql.retention+` r`).
-		Scan(&out.Horizon, &out.Floor); err != nil {
-		return Log{}, opErr(op, err, "")
-	}
-	rows, err := conn.Query(ctx, `SELECT seq, entity, entity_seq, tenant, tenant_unknown, op, lsn, commit_lsn, commit_time, envelope
-		FROM `+j.sql.entries+` WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3`, after, out.Horizon, limit)
+	// One statement, one snapshot: the bounds and the entries agree even
+	// while retention prunes.
+	rows, err := conn.Query(ctx, `SELECT b.horizon, b.floor, e.seq, e.entity, e.entity_seq, e.tenant, e.tenant_unknown,
+			e.op, e.lsn, e.commit_lsn, e.commit_time, e.envelope
+		FROM (SELECT m.next_seq - 1 AS horizon, r.floor FROM `+j.sql.meta+` m, `+j.sql.retention+` r LIMIT 1) b
+		LEFT JOIN LATERAL (
+			SELECT * FROM `+j.sql.entries+` e WHERE e.seq > $1 AND e.seq <= b.horizon ORDER BY e.seq LIMIT $2
+		) e ON true
+		ORDER BY e.seq`, after, limit)
 	if err != nil {
 		return Log{}, opErr(op, err, "")
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var (
-			e         Entry
-			tenant    *string
-			opv       string
-			lsn, clsn int64
-			ct        time.Time
+			seq, entitySeq, lsn, clsn *int64
+			entity, tenant, opv       *string
+			unknown                   *bool
+			ct                        *time.Time
+			env                       []byte
 		)
-		if err := rows.Scan(&e.Seq, &e.Entity, &e.EntitySeq, &tenant, &e.TenantUnknown, &opv, &lsn, &clsn, &ct, &e.Envelope); err != nil {
+		if err := rows.Scan(&out.Horizon, &out.Floor, &seq, &entity, &entitySeq, &tenant, &unknown, &opv, &lsn, &clsn, &ct, &env); err != nil {
 			return Log{}, opErr(op, err, "")
 		}
+		if seq == nil { // no entry after `after`: the LEFT JOIN's empty row
+			continue
+		}
+		e := Entry{Seq: *seq, Entity: *entity, EntitySeq: *entitySeq, TenantUnknown: *unknown, Op: decoder.Op(*opv),
+			LSN: decoder.LSN(*lsn), CommitLSN: decoder.LSN(*clsn), CommitTime: *ct, Envelope: env}
 		if tenant != nil {
 			e.Tenant = *tenant
 		}
-		e.Op, e.LSN, e.CommitLSN, e.CommitTime = decoder.Op(opv), decoder.LSN(lsn), decoder.LSN(clsn), ct
 		out.Entries = append(out.Entries, e)
 	}
 	if err := rows.Err(); err != nil {

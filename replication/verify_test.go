@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walcast/walcast/internal/pgtest"
+	"github.com/walcast/walcast/journal"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -459,4 +460,11 @@ func TestDeploySetupSQL(t *testing.T) {
 	wantStatus(t, check(t, r, "replication_privilege", ""), StatusOK)
 	wantStatus(t, check(t, r, "select_privilege", `public.Odd Name`), StatusOK)
 	wantStatus(t, check(t, r, "journal_schema", ""), StatusOK)
+	// The least-privileged role can open (create and migrate) its journal in
+	// the schema setup.sql gave it, without CREATE on the database.
+	j, err := journal.Open(context.Background(), journal.Config{URL: c.UserURL(db, role, "pw")})
+	if err != nil {
+		t.Fatalf("journal.Open as the setup.sql role: %v", err)
+	}
+	j.Close()
 }
