@@ -100,6 +100,15 @@ func envName(flag string) string {
 	return "WALCAST_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }
 
+// noEnv marks a flag that only the command line may set: a confirmation such
+// as `slot drop --yes` must never come from an environment left behind.
+const noEnv = "walcast_no_env"
+
+func commandLineOnly(f *pflag.Flag) bool {
+	_, ok := f.Annotations[noEnv]
+	return ok || f.Name == "help"
+}
+
 // applyEnv sets every flag of cmd that was not given on the command line from
 // its environment variable, if that is set. A bad value is a usage error that
 // names the variable.
@@ -109,7 +118,7 @@ func applyEnv(cmd *cobra.Command, lookup func(string) (string, bool)) error {
 	}
 	var firstErr error
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
-		if f.Changed || firstErr != nil || f.Name == "help" {
+		if f.Changed || firstErr != nil || commandLineOnly(f) {
 			return
 		}
 		name := envName(f.Name)
@@ -128,7 +137,7 @@ func applyEnv(cmd *cobra.Command, lookup func(string) (string, bool)) error {
 // every command in the tree.
 func annotateEnv(cmd *cobra.Command) {
 	note := func(f *pflag.Flag) {
-		if f.Name == "help" || strings.Contains(f.Usage, "[$WALCAST_") {
+		if commandLineOnly(f) || strings.Contains(f.Usage, "[$WALCAST_") {
 			return
 		}
 		f.Usage += " [$" + envName(f.Name) + "]"

@@ -132,6 +132,7 @@ use, 2 without --yes, when the database cannot be reached or a flag is wrong.`,
 		},
 	}
 	sf.register(cmd)
-	cmd.Flags().BoolVar(&yes, "yes", false, "really drop the slot")
+	cmd.Flags().BoolVar(&yes, "yes", false, "really drop the slot (command line only; never read from the environment)")
+	_ = cmd.Flags().SetAnnotation("yes", noEnv, []string{"true"})
 	return cmd
 }

@@ -78,8 +78,13 @@ func TestSlotStatusAndDropInactive(t *testing.T) {
 		t.Fatalf("text status: exit %d\n%s%s", code, out, errOut)
 	}
 
-	// drop without --yes: exit 2 with the reason, and nothing dropped.
-	code, out, errOut = walcast(t, env, "slot", "drop")
+	// drop without --yes: exit 2 with the reason, and nothing dropped —
+	// also when WALCAST_YES is set: the confirmation is command-line only.
+	envYes := map[string]string{"WALCAST_YES": "true"}
+	for k, v := range env {
+		envYes[k] = v
+	}
+	code, out, errOut = walcast(t, envYes, "slot", "drop")
 	if code != 2 || !strings.Contains(errOut, "without --yes") || !strings.Contains(errOut, "--recreate-lost-slot") {
 		t.Fatalf("drop without --yes: exit %d\n%s%s", code, out, errOut)
 	}
