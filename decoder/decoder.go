@@ -25,6 +25,13 @@ type Config struct {
 	MemoryBudget int64
 	// SpillDir is where spill files are created. Default os.TempDir().
 	SpillDir string
+	// Counters counts decoded changes by entity and op (DESIGN §8), for
+	// metrics read from another goroutine. Default: a fresh Counters, see
+	// Decoder.Counters. Pass one to keep totals across decoders. Every
+	// change decoded is counted, including those of streamed transactions
+	// that later abort; changes of the journal schema and messages of
+	// other prefixes, which are dropped, are not.
+	Counters *Counters
 	// Now stamps the commitTime of non-transactional logical messages, which
 	// belong to no commit. Default time.Now.
 	Now func() time.Time
@@ -69,7 +76,8 @@ type Decoder struct {
 	scratch  []byte
 	free     []*txState
 
-	stats Stats
+	stats    Stats
+	msgCount map[string]*EntityCounters // cfg.Counters' entries by message prefix
 }
 
 // Stats are counters for metrics and tests.
@@ -98,6 +106,9 @@ func New(cfg Config) *Decoder {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Counters == nil {
+		cfg.Counters = NewCounters()
+	}
 	return &Decoder{
 		cfg:     cfg,
 		rels:    make(map[uint32]*relation),
@@ -108,6 +119,26 @@ func New(cfg Config) *Decoder {
 
 // Stats returns the decoder's counters.
 func (d *Decoder) Stats() Stats { return d.stats }
+
+// Counters returns the counts of decoded changes by entity and op
+// (Config.Counters). Unlike Stats, they may be read from any goroutine.
+func (d *Decoder) Counters() *Counters { return d.cfg.Counters }
+
+// messageCounts returns the counters of a message prefix; the lookup with
+// string(prefix) does not allocate once the prefix has been seen.
+func (d *Decoder) messageCounts(prefix []byte) *EntityCounters {
+	if ec := d.msgCount[string(prefix)]; ec != nil {
+		return ec
+	}
+	if d.msgCount == nil {
+		d.msgCount = make(map[string]*EntityCounters)
+	}
+	ec := d.cfg.Counters.message(string(prefix))
+	if len(d.msgCount) < 4*MaxMessageEntities {
+		d.msgCount[string(prefix)] = ec
+	}
+	return ec
+}
 
 // Decode consumes one XLogData payload. walStart is the XLogData's WAL start
 // position, which for a change is the change's LSN. data is only borrowed for
@@ -451,6 +482,7 @@ func (d *Decoder) change(w *wire, typ byte, lsn LSN) error {
 	}
 	buf = append(buf, '}')
 	tx.arena = buf
+	rel.counts.n[op].Add(1)
 	return d.add(tx, rec{lsn: lsn, sub: sub, op: op, tstate: tstate, entity: rel.entity, tenant: tenant,
 		tailOff: uint32(start), tailLen: uint32(len(buf) - start), keyOff: uint32(keyOff), keyLen: uint32(keyLen)})
 }
@@ -557,6 +589,7 @@ func (d *Decoder) truncate(w *wire, lsn LSN) error {
 		buf = appendBool(buf, opts&2 != 0)
 		buf = append(buf, "}}"...)
 		tx.arena = buf
+		rel.counts.n[opTruncate].Add(1)
 		if err := d.add(tx, rec{lsn: lsn, sub: sub, op: opTruncate, entity: rel.entity,
 			tailOff: uint32(start), tailLen: uint32(len(buf) - start)}); err != nil {
 			return err
@@ -614,6 +647,7 @@ func (d *Decoder) message(w *wire, lsn LSN) error {
 	buf = append(buf, '}')
 	tx.arena = buf
 	r := rec{lsn: lsn, sub: sub, op: opMessage, entity: string(prefix), tailOff: uint32(start), tailLen: uint32(len(buf) - start)}
+	d.messageCounts(prefix).n[opMessage].Add(1)
 	if err := d.add(tx, r); err != nil {
 		return err
 	}

@@ -17,8 +17,9 @@ type relation struct {
 	skip     bool   // in the journal schema: changes are dropped (DESIGN §4.10)
 	cols     []column
 	hasKey   bool
-	tenant   int    // index of the tenant column, -1 when there is none
-	entityOp []byte // `,"entity":"schema.table","op":"`, escaped
+	tenant   int             // index of the tenant column, -1 when there is none
+	entityOp []byte          // `,"entity":"schema.table","op":"`, escaped
+	counts   *EntityCounters // decoded changes of entity; nil when skip
 }
 
 func newRelation(id uint32, ns, name string, cfg *Config) *relation {
@@ -26,6 +27,9 @@ func newRelation(id uint32, ns, name string, cfg *Config) *relation {
 		ns = "pg_catalog" // pgoutput sends "" for pg_catalog
 	}
 	r := &relation{id: id, entity: EntityName(ns, name), skip: ns == cfg.JournalSchema, tenant: -1}
+	if !r.skip {
+		r.counts = cfg.Counters.Entity(r.entity)
+	}
 	r.entityOp = append(r.entityOp, `,"entity":`...)
 	r.entityOp = appendString(r.entityOp, []byte(r.entity))
 	r.entityOp = append(r.entityOp, `,"op":"`...)
