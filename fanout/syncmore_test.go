@@ -18,7 +18,8 @@ import (
 func TestSyncStormSharesJournalReads(t *testing.T) {
 	release := make(chan struct{})
 	e := newSyncEnv(t)
-	e.node.reads.testHook = func() { <-release }
+	hook := func() { <-release }
+	e.node.reads.testHook.Store(&hook)
 	es := e.commit(ins(orders, 1), ins(orders, 2), ins(orders, 3))
 	cur, _ := e.j.CursorAt(journal.Query{Entities: []string{orders}}, es[0].Seq-1)
 	const n = 40

@@ -18,7 +18,7 @@ type sharedReads struct {
 	inflight map[readKey]*readCall
 
 	queries  atomic.Int64 // journal reads made
-	testHook func()       // tests: runs before each journal read
+	testHook atomic.Pointer[func()] // tests: runs before each journal read
 }
 
 type readKey struct {
@@ -80,8 +80,8 @@ func (r *sharedReads) read(ctx context.Context, q journal.Query, from int64) (re
 
 func (r *sharedReads) do(q journal.Query, from int64) (readPage, error) {
 	j := r.n.j
-	if r.testHook != nil {
-		r.testHook()
+	if h := r.testHook.Load(); h != nil {
+		(*h)()
 	}
 	r.queries.Add(1)
 	var err error
