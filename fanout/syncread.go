@@ -17,7 +17,7 @@ type sharedReads struct {
 	mu       sync.Mutex // guards the following field
 	inflight map[readKey]*readCall
 
-	queries  atomic.Int64 // journal reads made
+	queries  atomic.Int64           // journal reads made
 	testHook atomic.Pointer[func()] // tests: runs before each journal read
 }
 
