@@ -295,8 +295,8 @@ func (n *SyncNode) followHorizon() {
 	}
 }
 
-// sweepIdle closes sockets that have sent nothing for IdleTimeout, checking
-// every max(1 s, IdleTimeout/4).
+// sweepIdle closes sockets that have sent nothing for IdleTimeout, and
+// those whose token has expired, checking every max(1 s, IdleTimeout/4).
 func (n *SyncNode) sweepIdle() {
 	defer n.wg.Done()
 	every := max(time.Second, n.cfg.IdleTimeout/4)
@@ -306,17 +306,25 @@ func (n *SyncNode) sweepIdle() {
 			return
 		case <-n.cfg.Clock.After(every):
 		}
-		cutoff := n.cfg.Clock.Now().Add(-n.cfg.IdleTimeout).UnixNano()
+		now := n.cfg.Clock.Now()
+		cutoff := now.Add(-n.cfg.IdleTimeout).UnixNano()
 		n.mu.Lock()
-		var idle []*socket
+		var idle, expired []*socket
 		for s := range n.sockets {
-			if s.lastRecv.Load() < cutoff {
+			switch {
+			case s.lastRecv.Load() < cutoff:
 				idle = append(idle, s)
+			case s.claims.ExpiresAt != nil && !now.Before(s.claims.ExpiresAt.Time):
+				expired = append(expired, s)
 			}
 		}
 		n.mu.Unlock()
 		for _, s := range idle {
 			s.closeWith(websocket.CloseGoingAway, "idle timeout", "idle")
+		}
+		// A token is checked at the handshake; a socket does not outlive it.
+		for _, s := range expired {
+			s.closeWith(websocket.ClosePolicyViolation, "token expired", "token-expired")
 		}
 	}
 }

@@ -574,6 +574,28 @@ func TestSyncIdleEviction(t *testing.T) {
 	}
 }
 
+// A socket does not outlive its token.
+func TestSyncTokenExpiryClosesSocket(t *testing.T) {
+	clock := newFakeClock()
+	e := newSyncEnv(t, func(c *SyncConfig) {
+		c.Clock = clock
+		c.IdleTimeout = 24 * time.Hour
+	})
+	short := e.mustDial(token(t, []string{orders}, "", time.Hour))
+	long := e.mustDial(token(t, []string{orders}, "", 1000*time.Hour))
+	waitFor(t, "sockets open", func() bool { return e.node.Stats().SocketsOpen == 2 })
+	waitFor(t, "sweeper waiting", func() bool { return clock.sleepers() > 0 })
+	// The sweep runs every 24 h/4 = 6 h of clock time. The fake clock starts
+	// near the real one; one sweep period later the short token (1 h) has
+	// expired and the long one (1000 h) has not.
+	clock.Advance(time.Since(clock.Now()) + 6*time.Hour)
+	if code, reason := short.expectClose(); code != websocket.ClosePolicyViolation || reason != "token expired" {
+		t.Fatalf("closed %d %q", code, reason)
+	}
+	long.send(map[string]string{"t": "ping"})
+	long.expect("pong")
+}
+
 func TestSyncPolicyViolations(t *testing.T) {
 	clock := newFakeClock()
 	e := newSyncEnv(t, func(c *SyncConfig) {
