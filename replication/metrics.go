@@ -5,8 +5,68 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/journal"
 )
+
+// spanJournalAppend names the span of one journal batch (DESIGN §8): never
+// one per change.
+const spanJournalAppend = "walcast.journal.append"
+
+// SetTracerProvider makes the writer trace every journal batch with a span
+// from tp (attributes walcast.transactions, walcast.entries,
+// walcast.watermark, walcast.generation). Call it before Run; without it
+// nothing is traced.
+func (r *Replicator) SetTracerProvider(tp trace.TracerProvider) {
+	r.tracer = tp.Tracer("github.com/walcast/walcast/replication")
+}
+
+// endBatchSpan records what a journal batch did on its span and ends it.
+func endBatchSpan(span trace.Span, gen int64, res journal.AppendResult, err error) {
+	if span.IsRecording() {
+		span.SetAttributes(
+			attribute.Int("walcast.transactions", res.Transactions),
+			attribute.Int("walcast.entries", res.Entries),
+			attribute.String("walcast.watermark", res.Watermark.String()),
+			attribute.Int64("walcast.generation", gen),
+		)
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "journal append failed")
+		}
+	}
+	span.End()
+}
+
+// ChangeCounts returns the changes decoded and journaled so far, by entity
+// and op, across sessions. Journaled counts leave out the changes of
+// transactions spilled to disk by the decoder (they are never re-read just
+// to be counted); walcast.journal.changes counts every entry.
+func (r *Replicator) ChangeCounts() (decoded, journaled *decoder.Counters) {
+	return r.decoded, r.journaled
+}
+
+// countJournaled counts by entity and op the changes of the transactions an
+// append journaled, given the watermark before it: like the journal, it
+// skips transactions at or below the running watermark (replays). Called by
+// the writer only.
+func (r *Replicator) countJournaled(wm decoder.LSN, txs []*decoder.Transaction) {
+	for _, tx := range txs {
+		if tx.EndLSN <= wm {
+			continue
+		}
+		wm = tx.EndLSN
+		tx.CountChanges(r.countJournaledRun)
+	}
+}
+
+func (r *Replicator) countJournaledRun(entity string, op decoder.Op, n int) {
+	r.journaled.Add(entity, op, uint64(n))
+}
 
 // instruments are the synchronous instruments the writer and Run record to.
 type instruments struct {
@@ -94,6 +154,16 @@ func (r *Replicator) RegisterMetrics(meter metric.Meter) error {
 	if err != nil {
 		return err
 	}
+	decoded, err := meter.Int64ObservableCounter("walcast.decoded.changes",
+		metric.WithDescription("changes decoded from the replication stream, by entity and op (changes of streamed transactions that later abort included)"))
+	if err != nil {
+		return err
+	}
+	journaled, err := meter.Int64ObservableCounter("walcast.journaled.changes",
+		metric.WithDescription("changes journaled, by entity and op (changes of transactions spilled to disk count only in walcast.journal.changes)"))
+	if err != nil {
+		return err
+	}
 	roles := []Role{RoleStarting, RoleStandby, RoleActive, RoleReconnecting, RoleStopped}
 	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		s := r.State()
@@ -116,7 +186,16 @@ func (r *Replicator) RegisterMetrics(meter metric.Meter) error {
 		o.ObserveInt64(changes, int64(st.Changes.Load()))
 		o.ObserveInt64(batches, int64(st.Batches.Load()))
 		o.ObserveInt64(reconnects, int64(st.Reconnects.Load()))
+		observeByEntity(o, decoded, r.decoded)
+		observeByEntity(o, journaled, r.journaled)
 		return nil
-	}, role, lag, delay, gen, txs, changes, batches, reconnects)
+	}, role, lag, delay, gen, txs, changes, batches, reconnects, decoded, journaled)
 	return err
+}
+
+// observeByEntity reports c's totals on inst with entity and op attributes.
+func observeByEntity(o metric.Observer, inst metric.Int64Observable, c *decoder.Counters) {
+	c.Each(func(entity string, op decoder.Op, n uint64) {
+		o.ObserveInt64(inst, int64(n), metric.WithAttributes(attribute.String("entity", entity), attribute.String("op", string(op))))
+	})
 }

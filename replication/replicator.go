@@ -22,6 +22,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/internal/backoff"
@@ -149,6 +151,9 @@ type Replicator struct {
 	delay     atomic.Int64 // ns from the newest commit of the last batch to its journal commit
 	stats     Stats
 	inst      *instruments // nil until RegisterMetrics
+	tracer    trace.Tracer // no-op unless SetTracerProvider
+	decoded   *decoder.Counters
+	journaled *decoder.Counters
 
 	mu    sync.Mutex // guards the following fields
 	state State
@@ -175,7 +180,8 @@ func New(cfg Config, j *journal.Journal) (*Replicator, error) {
 	if _, err := ParseConnConfig(cfg.DatabaseURL); err != nil {
 		return nil, ClassifyConnectError("source database", err)
 	}
-	r := &Replicator{cfg: cfg, j: j, log: cfg.Logger.With("slot", cfg.Slot)}
+	r := &Replicator{cfg: cfg, j: j, log: cfg.Logger.With("slot", cfg.Slot), tracer: noop.Tracer{},
+		decoded: decoder.NewCounters(), journaled: decoder.NewCounters()}
 	r.state = State{Role: RoleStarting, Since: time.Now()}
 	return r, nil
 }
@@ -478,7 +484,7 @@ func classifyStreamError(op string, err error) error {
 func (r *Replicator) stream(ctx context.Context, conn *pgconn.PgConn, gen int64, statusEvery time.Duration) error {
 	dec := decoder.New(decoder.Config{
 		JournalSchema: r.j.Schema(), MessagePrefix: r.cfg.MessagePrefix, TenantColumn: r.cfg.TenantColumn,
-		MemoryBudget: r.cfg.MemoryBudget, SpillDir: r.cfg.SpillDir,
+		MemoryBudget: r.cfg.MemoryBudget, SpillDir: r.cfg.SpillDir, Counters: r.decoded,
 	})
 	q := newQueue(r.cfg.QueueMaxChanges)
 	wake := &waker{}
@@ -713,7 +719,9 @@ func (r *Replicator) writer(ctx context.Context, q *queue, gen int64, wake *wake
 			return nil
 		}
 		start := time.Now()
-		res, err := r.appendBatch(actx, gen, batch)
+		sctx, span := r.tracer.Start(actx, spanJournalAppend)
+		res, err := r.appendBatch(sctx, gen, batch)
+		endBatchSpan(span, gen, res, err)
 		if err == nil && res.Entries > 0 {
 			r.recordBatch(ctx, time.Since(start), res.Entries)
 		}
@@ -752,10 +760,12 @@ func (r *Replicator) appendBatch(ctx context.Context, gen int64, batch []queueIt
 			adv = it.advance
 		}
 	}
+	prev := decoder.LSN(r.watermark.Load()) // the journal's watermark: this writer is its only appender
 	res, err := r.j.Append(ctx, gen, txs)
 	if err != nil {
 		return res, err
 	}
+	r.countJournaled(prev, txs)
 	if !newest.IsZero() {
 		r.delay.Store(int64(time.Since(newest)))
 	}
