@@ -436,7 +436,7 @@ type fakeWaiter struct {
 	ch chan time.Time
 }
 
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)} }
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Now()} }
 
 func (c *fakeClock) Now() time.Time {
 	c.mu.Lock()
