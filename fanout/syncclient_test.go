@@ -12,6 +12,7 @@ import (
 
 	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/fanout/client"
+	"github.com/walcast/walcast/journal"
 )
 
 func (e *syncEnv) client(tok string, opts client.Options) *client.Client {
@@ -118,5 +119,31 @@ func TestClientReconnectsFromCursor(t *testing.T) {
 	var he *client.HandshakeError
 	if !errors.As(err, &he) || he.Status != 401 {
 		t.Fatalf("bad token: %v", err)
+	}
+}
+
+// A journal resync reaches the application as an EventResync with the new
+// cursor; changes continue after it.
+func TestClientResync(t *testing.T) {
+	e := newSyncEnv(t)
+	c := e.client(token(t, []string{orders}, "", time.Hour), client.Options{})
+	if err := c.Subscribe(orders, ""); err != nil {
+		t.Fatal(err)
+	}
+	e.topicLive(orders, 1)
+	res, err := e.j.AppendResync(syncCtx(t), e.gen, journal.Resync{Reason: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.publish(e.entries(res.FirstSeq, res.LastSeq)...)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ev, err := c.Next(ctx)
+	if err != nil || ev.Type != client.EventResync || ev.Topic != orders || ev.Cursor == "" || c.Cursor(orders) != ev.Cursor {
+		t.Fatalf("got %+v %v", ev, err)
+	}
+	next := e.commit(ins(orders, 1))[0].Seq
+	if got := collect(t, c, 1); got[0] != next {
+		t.Fatalf("got %v, want %d", got, next)
 	}
 }
