@@ -102,3 +102,41 @@ func TestSyncMetrics(t *testing.T) {
 		t.Fatalf("not ready: %s", detail)
 	}
 }
+
+// Any number of nodes serve one NATS and one journal: a cursor issued by one
+// node resumes on another.
+func TestSyncTwoNodesShareCursors(t *testing.T) {
+	e := newSyncEnv(t)
+	auth, _ := NewHMACAuth(syncJWTSecret)
+	n2, err := OpenSyncNode(syncCtx(t), SyncConfig{NATS: NATSConfig{URL: e.nats.URL()}, Journal: e.j, Auth: auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv2 := httptest.NewServer(n2.Handler())
+	t.Cleanup(func() {
+		n2.Close()
+		srv2.Close()
+	})
+	tok := token(t, []string{orders}, "", time.Hour)
+	a := e.mustDial(tok)
+	a.sub(orders, "")
+	a.expect("subscribed")
+	e.topicLive(orders, 1)
+	first := e.commit(ins(orders, 1))[0]
+	fa := a.expect("change")
+	if fa.env.Seq != first.Seq {
+		t.Fatalf("got %+v", fa)
+	}
+	more := e.commit(ins(orders, 2), ins(orders, 3))
+	// Resume on the second node from the first node's cursor.
+	e2 := &syncEnv{t: t, srv: srv2}
+	b := e2.mustDial(tok)
+	b.sub(orders, fa.Cursor)
+	b.expect("subscribed")
+	if got := seqsOf(b.expectChanges(2)); !slices.Equal(got, entrySeqs(more)) {
+		t.Fatalf("node 2 replayed %v, want %v", got, entrySeqs(more))
+	}
+	if got := seqsOf(a.expectChanges(2)); !slices.Equal(got, entrySeqs(more)) {
+		t.Fatalf("node 1 delivered %v", got)
+	}
+}
