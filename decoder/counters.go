@@ -88,9 +88,10 @@ func (c *Counters) entityLocked(entity string) *EntityCounters {
 	return ec
 }
 
-// message returns the counters of a message prefix, bounded by
-// MaxMessageEntities.
-func (c *Counters) message(prefix string) *EntityCounters {
+// Message returns the counters of a logical decoding message's entity (its
+// prefix), creating them on first use; past MaxMessageEntities distinct
+// prefixes it returns those of OtherEntity.
+func (c *Counters) Message(prefix string) *EntityCounters {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if ec := c.entities[prefix]; ec != nil {

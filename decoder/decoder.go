@@ -133,7 +133,7 @@ func (d *Decoder) messageCounts(prefix []byte) *EntityCounters {
 	if d.msgCount == nil {
 		d.msgCount = make(map[string]*EntityCounters)
 	}
-	ec := d.cfg.Counters.message(string(prefix))
+	ec := d.cfg.Counters.Message(string(prefix))
 	if len(d.msgCount) < 4*MaxMessageEntities {
 		d.msgCount[string(prefix)] = ec
 	}
