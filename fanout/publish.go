@@ -12,8 +12,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/internal/backoff"
 	"github.com/walcast/walcast/journal"
 )
@@ -68,6 +73,42 @@ type Publisher struct {
 	horizon   atomic.Int64 // journal horizon at the last read
 	count     atomic.Uint64
 	oversize  atomic.Uint64
+
+	byEntity *decoder.Counters                  // published by entity and op, read by metrics
+	counts   map[string]*decoder.EntityCounters // byEntity's entries by entity; owned by Run
+	tracer   trace.Tracer
+}
+
+// spanPublish names the span of one published batch (DESIGN §8).
+const spanPublish = "walcast.nats.publish"
+
+// SetTracerProvider makes the publisher trace every batch it publishes with
+// a span from tp (attributes walcast.entries, walcast.seq.first,
+// walcast.seq.last). Call it before Run; without it nothing is traced.
+func (p *Publisher) SetTracerProvider(tp trace.TracerProvider) {
+	p.tracer = tp.Tracer("github.com/walcast/walcast/fanout")
+}
+
+// Published returns the envelopes published so far by entity and op
+// (republished copies included, like PublisherStats.Messages).
+func (p *Publisher) Published() *decoder.Counters { return p.byEntity }
+
+// countPublished counts one published entry by entity and op. Entities are
+// bounded by the publication; message prefixes by decoder.MaxMessageEntities.
+func (p *Publisher) countPublished(e *journal.Entry) {
+	ec := p.counts[e.Entity]
+	if ec == nil {
+		if e.Op == decoder.OpMessage {
+			ec = p.byEntity.Message(e.Entity)
+		} else {
+			ec = p.byEntity.Entity(e.Entity)
+		}
+		if len(p.counts) >= 1024 {
+			clear(p.counts) // only a cache: keep it small
+		}
+		p.counts[e.Entity] = ec
+	}
+	ec.Add(e.Op, 1)
 }
 
 // NewPublisher returns a publisher of j's entries on nc.
@@ -87,7 +128,8 @@ func NewPublisher(cfg PublisherConfig, j *journal.Journal, nc *nats.Conn) *Publi
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Publisher{cfg: cfg, j: j, nc: nc, log: cfg.Logger, id: j.IDHex()}
+	return &Publisher{cfg: cfg, j: j, nc: nc, log: cfg.Logger, id: j.IDHex(),
+		byEntity: decoder.NewCounters(), counts: map[string]*decoder.EntityCounters{}, tracer: noop.Tracer{}}
 }
 
 // PublisherStats are the publisher's counters.
@@ -181,21 +223,39 @@ func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
 		}
 		return pos, nil
 	}
+	last := lg.Entries[len(lg.Entries)-1].Seq
+	ctx, span := p.tracer.Start(ctx, spanPublish, trace.WithAttributes(
+		attribute.Int("walcast.entries", len(lg.Entries)),
+		attribute.Int64("walcast.seq.first", lg.Entries[0].Seq),
+		attribute.Int64("walcast.seq.last", last)))
+	next, err := p.publish(ctx, pos, lg.Entries)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "publish failed")
+	}
+	span.End()
+	return next, err
+}
+
+// publish hands entries to NATS and returns the new position; the span of
+// the batch is in ctx.
+func (p *Publisher) publish(ctx context.Context, pos int64, entries []journal.Entry) (int64, error) {
 	max := int(p.nc.MaxPayload())
-	for i := range lg.Entries {
-		msg, over, err := p.message(&lg.Entries[i], max)
+	for i := range entries {
+		msg, over, err := p.message(&entries[i], max)
 		if err != nil {
 			return pos, err
 		}
 		if err := p.nc.PublishMsg(msg); err != nil {
-			return pos, fmt.Errorf("publish seq %d to %s: %w", lg.Entries[i].Seq, msg.Subject, err)
+			return pos, fmt.Errorf("publish seq %d to %s: %w", entries[i].Seq, msg.Subject, err)
 		}
 		p.count.Add(1)
+		p.countPublished(&entries[i])
 		if over {
 			p.oversize.Add(1)
 		}
 	}
-	last := lg.Entries[len(lg.Entries)-1].Seq
+	last := entries[len(entries)-1].Seq
 	p.published.Store(last)
 	// The position recorded in the journal is only where a restarted
 	// publisher resumes (republished copies carry the same Msg-Id), so it is
@@ -299,7 +359,15 @@ func (p *Publisher) RegisterMetrics(meter metric.Meter) error {
 	if err != nil {
 		return err
 	}
+	byEntity, err := meter.Int64ObservableCounter("walcast.published.changes",
+		metric.WithDescription("envelopes published to NATS by entity and op (republished copies included)"))
+	if err != nil {
+		return err
+	}
 	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		p.byEntity.Each(func(entity string, op decoder.Op, n uint64) {
+			o.ObserveInt64(byEntity, int64(n), metric.WithAttributes(attribute.String("entity", entity), attribute.String("op", string(op))))
+		})
 		s := p.Stats()
 		o.ObserveInt64(published, int64(s.Messages))
 		o.ObserveInt64(oversize, int64(s.Oversize))
@@ -309,6 +377,6 @@ func (p *Publisher) RegisterMetrics(meter metric.Meter) error {
 		}
 		o.ObserveInt64(behind, lag)
 		return nil
-	}, published, oversize, behind)
+	}, published, oversize, behind, byEntity)
 	return err
 }
