@@ -1,6 +1,11 @@
-// Package telemetry wires OpenTelemetry metrics to a Prometheus endpoint and
-// serves the operational HTTP endpoints of walcast's long-running commands:
-// /metrics, /healthz and /readyz.
+// Package telemetry wires OpenTelemetry metrics to a Prometheus endpoint,
+// traces to an OTLP/HTTP collector when one is configured, and serves the
+// operational HTTP endpoints of walcast's long-running commands: /metrics,
+// /healthz and /readyz.
+//
+// It reads no flags and no environment itself: commands decide (NewTracing
+// takes whether OTEL_EXPORTER_OTLP_ENDPOINT is set). The OTLP exporter then
+// reads the standard OTEL_EXPORTER_OTLP_* variables.
 package telemetry
 
 import (
@@ -10,14 +15,53 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
+
+// ServiceName is the default service.name of walcast's telemetry.
+const ServiceName = "walcast"
+
+// Option configures NewMetrics and NewTracing.
+type Option func(*options)
+
+type options struct {
+	service, version string
+}
+
+// WithService sets the service.name and service.version resource attributes
+// (Prometheus: target_info{service_name, service_version}). version "" is
+// left out. The default name is ServiceName.
+func WithService(name, version string) Option {
+	return func(o *options) { o.service, o.version = name, version }
+}
+
+// newResource describes the process: the SDK's defaults (telemetry.sdk.*)
+// with walcast's service name and version.
+func newResource(opts []Option) (*resource.Resource, error) {
+	o := options{service: ServiceName}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	attrs := []attribute.KeyValue{attribute.String("service.name", o.service)}
+	if o.version != "" {
+		attrs = append(attrs, attribute.String("service.version", o.version))
+	}
+	return resource.Merge(resource.Default(), resource.NewSchemaless(attrs...))
+}
 
 // Metrics owns a meter provider whose readings are exported for Prometheus.
 type Metrics struct {
@@ -27,13 +71,19 @@ type Metrics struct {
 
 // NewMetrics creates a meter provider exporting to a private Prometheus
 // registry (so tests and several commands in one process never collide).
-func NewMetrics() (*Metrics, error) {
+// Its resource becomes target_info, with service_name "walcast" unless
+// WithService says otherwise.
+func NewMetrics(opts ...Option) (*Metrics, error) {
+	res, err := newResource(opts)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: resource: %w", err)
+	}
 	reg := prometheus.NewRegistry()
 	exp, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: prometheus exporter: %w", err)
 	}
-	return &Metrics{provider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp)), registry: reg}, nil
+	return &Metrics{provider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp), sdkmetric.WithResource(res)), registry: reg}, nil
 }
 
 // Meter returns a meter for instrumentation scope name.
@@ -103,4 +153,76 @@ func (s *Server) Serve(ctx context.Context, log *slog.Logger) error {
 		return err
 	}
 	return nil
+}
+
+// Tracing owns the tracer provider of a command: an OTLP/HTTP exporter
+// behind a batching span processor when enabled, a no-op provider (no
+// exporter, nothing recorded) otherwise.
+type Tracing struct {
+	provider trace.TracerProvider
+	sdk      *sdktrace.TracerProvider // nil when disabled
+}
+
+// NewTracing sets up tracing. enabled is whether the operator configured an
+// OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT or
+// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT); the exporter reads that and the other
+// standard OTEL_EXPORTER_OTLP_* variables itself, sending to
+// <endpoint>/v1/traces. Export failures are logged to log at most once a
+// minute (they never stop the command). Call Shutdown on exit to send what
+// is buffered.
+func NewTracing(ctx context.Context, enabled bool, log *slog.Logger, opts ...Option) (*Tracing, error) {
+	if !enabled {
+		return &Tracing{provider: noop.NewTracerProvider()}, nil
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	res, err := newResource(opts)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: resource: %w", err)
+	}
+	exp, err := otlptracehttp.New(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: OTLP trace exporter: %w (check OTEL_EXPORTER_OTLP_ENDPOINT)", err)
+	}
+	otel.SetErrorHandler(&rateLimitedErrors{log: log, every: time.Minute})
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	return &Tracing{provider: tp, sdk: tp}, nil
+}
+
+// TracerProvider is the provider to trace with.
+func (t *Tracing) TracerProvider() trace.TracerProvider { return t.provider }
+
+// Enabled reports whether spans are exported.
+func (t *Tracing) Enabled() bool { return t.sdk != nil }
+
+// Shutdown exports buffered spans and stops the exporter; a no-op when
+// tracing is disabled.
+func (t *Tracing) Shutdown(ctx context.Context) error {
+	if t.sdk == nil {
+		return nil
+	}
+	return t.sdk.Shutdown(ctx)
+}
+
+// rateLimitedErrors logs OpenTelemetry's internal errors (a collector that
+// cannot be reached) at most once per interval, counting the rest.
+type rateLimitedErrors struct {
+	log   *slog.Logger
+	every time.Duration
+
+	mu         sync.Mutex // guards the following fields
+	last       time.Time
+	suppressed int
+}
+
+func (h *rateLimitedErrors) Handle(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.last.IsZero() && time.Since(h.last) < h.every {
+		h.suppressed++
+		return
+	}
+	h.log.Warn("opentelemetry: exporting telemetry failed; retrying", "err", err, "suppressed", h.suppressed, "next_report_after", h.every)
+	h.last, h.suppressed = time.Now(), 0
 }
