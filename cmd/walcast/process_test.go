@@ -11,10 +11,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -27,6 +30,7 @@ import (
 	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/internal/natstest"
 	"github.com/walcast/walcast/internal/pgtest"
+	"github.com/walcast/walcast/internal/telemetry/otlptest"
 	"github.com/walcast/walcast/journal"
 	"github.com/walcast/walcast/journal/journaltest"
 )
@@ -561,12 +565,32 @@ func confirmedFlush(t *testing.T, url string) decoder.LSN {
 
 // TestMetricsEndpoint scrapes /metrics of an active instance: the documented
 // series are there, the role is active, and changes are counted.
+// TestMetricsEndpoint runs `walcast run` with traces sent to an in-process
+// OTLP/HTTP receiver, writes inserts, updates and deletes on two tables,
+// and checks /metrics: the totals, the changes decoded, journaled and
+// published by entity and op against what was written and what the journal
+// holds, target_info, and one span per journal and publish batch.
 func TestMetricsEndpoint(t *testing.T) {
 	url := pgtest.NewDatabase(t)
 	setupSource(t, url)
+	execSQL(t, url, `CREATE TABLE things (id int PRIMARY KEY, val text)`, `ALTER PUBLICATION pub ADD TABLE things`)
+	otlp := otlptest.NewReceiver(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.URL())
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50") // ms: export spans promptly
 	p := startWalcast(t, runArgs(url)...)
 	waitUntil(t, "active", 30*time.Second, func() bool { return strings.HasPrefix(p.readyz(), "active") })
-	execSQL(t, url, `INSERT INTO items VALUES (1, 'a'), (2, 'b')`)
+	execSQL(t, url,
+		`INSERT INTO items VALUES (1, 'a'), (2, 'b')`,
+		`UPDATE items SET val = 'c' WHERE id = 1`,
+		`DELETE FROM items WHERE id = 2`,
+		`INSERT INTO things VALUES (1, 'x'), (2, 'y'), (3, 'z')`,
+		`UPDATE things SET val = 'w' WHERE id < 3`,
+		`DELETE FROM things WHERE id = 3`,
+	)
+	written := map[string]int{
+		"public.items insert": 2, "public.items update": 1, "public.items delete": 1,
+		"public.things insert": 3, "public.things update": 2, "public.things delete": 1,
+	}
 	var body string
 	waitUntil(t, "changes counted", 30*time.Second, func() bool {
 		p.mu.Lock()
@@ -579,7 +603,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		body = string(b)
-		return strings.Contains(body, "walcast_journal_changes_total 2") && strings.Contains(body, "walcast_nats_published_total 2")
+		return strings.Contains(body, "walcast_journal_changes_total 10") && strings.Contains(body, "walcast_nats_published_total 10")
 	})
 	for _, want := range []string{
 		`walcast_replication_role{role="active"} 1`,
@@ -595,18 +619,106 @@ func TestMetricsEndpoint(t *testing.T) {
 		"walcast_nats_published_total ",
 		"walcast_nats_oversize_total 0",
 		"walcast_nats_publish_lag 0",
+		`service_name="walcast"`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
+
+	// What the journal holds, by entity and op, is what was written; and
+	// each stage counted exactly that, with no other series.
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	inJournal := map[string]int{}
+	rows, err := conn.Query(context.Background(), `SELECT entity, op, count(*) FROM walcast.entries GROUP BY entity, op`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var entity, op string
+		var n int
+		if err := rows.Scan(&entity, &op, &n); err != nil {
+			t.Fatal(err)
+		}
+		inJournal[entity+" "+op] = n
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(inJournal, written) {
+		t.Errorf("journal holds %v, want %v", inJournal, written)
+	}
+	for _, name := range []string{"walcast_decoded_changes_total", "walcast_journaled_changes_total", "walcast_published_changes_total"} {
+		if got := byEntityOp(body, name); !maps.Equal(got, written) {
+			t.Errorf("%s: %v, want %v", name, got, written)
+		}
+	}
 	if t.Failed() {
 		t.Logf("/metrics:\n%s", body)
 	}
+
+	// One span per journal batch and per publish batch, never per change:
+	// together they carry each change once.
+	sum := func(spans []otlptest.Span, name string) (n int64) {
+		for _, s := range spans {
+			if s.Name == name {
+				e, _ := s.Attrs["walcast.entries"].(int64)
+				n += e
+			}
+		}
+		return n
+	}
+	var spans []otlptest.Span
+	waitUntil(t, "batch spans exported", 30*time.Second, func() bool {
+		spans = otlp.Spans()
+		return sum(spans, "walcast.journal.append") >= 10 && sum(spans, "walcast.nats.publish") >= 10
+	})
+	otlp.Check(t)
+	if j, pub := sum(spans, "walcast.journal.append"), sum(spans, "walcast.nats.publish"); j != 10 || pub != 10 {
+		t.Errorf("spans carry %d journaled and %d published entries, want 10 and 10", j, pub)
+	}
+	for _, s := range spans {
+		var keys []string
+		switch s.Name {
+		case "walcast.journal.append":
+			keys = []string{"walcast.transactions", "walcast.entries", "walcast.watermark", "walcast.generation"}
+		case "walcast.nats.publish":
+			keys = []string{"walcast.entries", "walcast.seq.first", "walcast.seq.last"}
+			first, _ := s.Attrs["walcast.seq.first"].(int64)
+			last, _ := s.Attrs["walcast.seq.last"].(int64)
+			if n, _ := s.Attrs["walcast.entries"].(int64); first < 1 || last-first+1 != n {
+				t.Errorf("publish span: seqs %d..%d for %d entries", first, last, n)
+			}
+		default:
+			t.Errorf("unexpected span %q", s.Name)
+		}
+		for _, k := range keys {
+			if _, ok := s.Attrs[k]; !ok {
+				t.Errorf("span %s lacks %s: %v", s.Name, k, s.Attrs)
+			}
+		}
+		if s.Service != "walcast" {
+			t.Errorf("span %s from service %q, want walcast", s.Name, s.Service)
+		}
+	}
 }
 
-// TestRunStartupErrors: what an operator gets wrong at start-up exits 2 with
-// the cause and the fix, before anything is streamed.
+// byEntityOp reads the series of a counter by entity and op from a scrape,
+// as "entity op" → value.
+func byEntityOp(body, name string) map[string]int {
+	re := regexp.MustCompile(`(?m)^` + name + `\{entity="([^"]*)",op="([^"]*)"\} (\d+)$`)
+	out := map[string]int{}
+	for _, m := range re.FindAllStringSubmatch(body, -1) {
+		n, _ := strconv.Atoi(m[3])
+		out[m[1]+" "+m[2]] = n
+	}
+	return out
+}
+
 func TestRunStartupErrors(t *testing.T) {
 	url := pgtest.NewDatabase(t)
 	execSQL(t, url, `CREATE TABLE items (id int PRIMARY KEY, val text)`)

@@ -63,7 +63,7 @@ database at start-up, 3 when another instance holds the slot and
 			}
 			rc.Logger = log
 			nf.cfg.Name = "walcast run"
-			return runReplicator(cmd.Context(), log, runSetup{rc: rc, journalURL: journalURL, schema: schema, httpListen: httpListen,
+			return runReplicator(cmd.Context(), log, runSetup{tracing: otlpConfigured(env), rc: rc, journalURL: journalURL, schema: schema, httpListen: httpListen,
 				retention: retention, pruneEvery: pruneEvery, preflight: !skipPreflight,
 				nats: nf.cfg, embeddedNATS: embeddedNATS, embeddedStore: embeddedStore, prefix: prefix})
 		},
@@ -113,6 +113,18 @@ type runSetup struct {
 	embeddedNATS  string
 	embeddedStore string
 	prefix        string
+	tracing       bool // an OTLP endpoint is configured: export traces
+}
+
+// otlpConfigured reports whether the operator set an OTLP endpoint for
+// traces, which turns tracing on (DESIGN §8).
+func otlpConfigured(env Env) bool {
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"} {
+		if v, ok := env.LookupEnv(k); ok && v != "" {
+			return true
+		}
+	}
+	return false
 }
 
 func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
@@ -150,7 +162,7 @@ func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
 	if err != nil {
 		return startupError(err)
 	}
-	metrics, err := telemetry.NewMetrics()
+	metrics, err := telemetry.NewMetrics(telemetry.WithService(telemetry.ServiceName, version))
 	if err != nil {
 		return withCode(exitFailed, err)
 	}
@@ -158,6 +170,20 @@ func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
 	if err := r.RegisterMetrics(metrics.Meter("walcast/replication")); err != nil {
 		return withCode(exitFailed, err)
 	}
+	tracing, err := telemetry.NewTracing(ctx, s.tracing, log, telemetry.WithService(telemetry.ServiceName, version))
+	if err != nil {
+		return withCode(exitUsage, err)
+	}
+	defer func() {
+		// Export the spans still buffered, but never hang the exit on an
+		// unreachable collector.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := tracing.Shutdown(sctx); err != nil {
+			log.Warn("opentelemetry: final trace export failed", "err", err)
+		}
+	}()
+	r.SetTracerProvider(tracing.TracerProvider())
 	if s.nats.URL == "" {
 		emb, err := fanout.StartEmbeddedNATS(s.embeddedNATS, s.embeddedStore)
 		if err != nil {
@@ -176,6 +202,7 @@ func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
 	if err := pub.RegisterMetrics(metrics.Meter("walcast/publish")); err != nil {
 		return withCode(exitFailed, err)
 	}
+	pub.SetTracerProvider(tracing.TracerProvider())
 	srv, err := telemetry.Listen(s.httpListen, metrics, func() (bool, string) {
 		s := r.State()
 		switch s.Role {
@@ -190,7 +217,7 @@ func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
 		return withCode(exitUsage, err)
 	}
 	log.Info("walcast run starting", "version", version, "publication", rc.Publication, "slot", rc.Slot,
-		"journal_schema", j.Schema(), "http", srv.Addr())
+		"journal_schema", j.Schema(), "http", srv.Addr(), "tracing", tracing.Enabled())
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
