@@ -1,8 +1,8 @@
 package fanout
 
 import (
-	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -518,9 +518,22 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 		n.stats.inc(&n.stats.repairs, "gap")
 		return
 	}
-	oversize := bytes.Contains(payload, []byte(`"oversize":true`))
 	t.mu.Unlock()
-	if oversize {
+	// The envelope's own op and oversize flag (a row value may hold the same
+	// words in embedded JSON, so no substring test). Once per message, not
+	// per socket.
+	var head struct {
+		Op       decoder.Op `json:"op"`
+		Oversize bool       `json:"oversize"`
+	}
+	if err := json.Unmarshal(payload, &head); err != nil {
+		n.log.Warn("NATS message with an invalid envelope; repairing the entity from the journal", "subject", msg.Subject, "seq", seq)
+		t.mu.Lock()
+		t.repairLocked("invalid-message")
+		t.mu.Unlock()
+		return
+	}
+	if head.Oversize {
 		// Fetched outside the lock; the callback is sequential per topic, so
 		// order is kept.
 		e, err := n.j.EntryAt(n.ctx, seq)
@@ -533,10 +546,7 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 		}
 		payload = e.Envelope
 	}
-	op := decoder.OpInsert
-	if bytes.Contains(payload, []byte(`"op":"truncate"`)) {
-		op = decoder.OpTruncate
-	}
+	op := head.Op
 
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -100,6 +100,7 @@ type row struct {
 	tenant string
 	state  decoder.TenantState
 	pad    int
+	doc    string // embedded JSON for an "doc" column; "" for none
 }
 
 func ins(entity string, id int) row { return row{entity: entity, op: decoder.OpInsert, id: id} }
@@ -135,6 +136,9 @@ func (e *syncEnv) appendRowsAt(ct time.Time, rows ...row) []journal.Entry {
 			env.Key = map[string]json.RawMessage{"id": json.RawMessage(strconv.Itoa(r.id))}
 			env.After = map[string]json.RawMessage{"id": json.RawMessage(strconv.Itoa(r.id)),
 				"pad": json.RawMessage(strconv.Quote(strings.Repeat("x", r.pad)))}
+			if r.doc != "" {
+				env.After["doc"] = json.RawMessage(r.doc)
+			}
 		}
 		if r.state == decoder.TenantKnown {
 			env.Tenant = r.tenant

@@ -140,3 +140,18 @@ func TestSyncTwoNodesShareCursors(t *testing.T) {
 		t.Fatalf("node 1 delivered %v", got)
 	}
 }
+
+// A row whose embedded JSON holds the envelope's own words is just a row: no
+// re-read, no journal fetch.
+func TestSyncEmbeddedJSONLooksLikeEnvelope(t *testing.T) {
+	e := newSyncEnv(t)
+	c := e.mustDial(token(t, []string{orders}, "", time.Hour))
+	c.sub(orders, "")
+	c.expect("subscribed")
+	e.topicLive(orders, 1)
+	es := e.commit(row{entity: orders, op: decoder.OpInsert, id: 1, doc: `{"op":"truncate","oversize":true}`}, ins(orders, 2))
+	got := c.expectChanges(2)
+	if !slices.Equal(seqsOf(got), entrySeqs(es)) || got[0].env.Op != decoder.OpInsert {
+		t.Fatalf("got %+v", got)
+	}
+}
