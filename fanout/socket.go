@@ -352,7 +352,7 @@ func (s *socket) subscribe(topic, cursor string) {
 		s.enqueue(controlFrame("subscribed", topic, cur), nil)
 	}
 	if _, err := n.join(s.ctx, m); err != nil {
-		n.log.Warn("subscribe failed", "topic", topic, "err", err)
+		n.warnEvery("subscribe", "subscribe failed", "topic", topic, "err", err)
 		s.enqueue(errorFrame("unavailable", "cannot subscribe now; retry", topic), nil)
 		return
 	}
@@ -417,7 +417,7 @@ func (s *socket) catchUp(m *member) {
 			if s.ctx.Err() != nil {
 				return
 			}
-			s.n.log.Warn("journal read for a socket failed; retrying", "topic", m.topic, "err", err)
+			s.n.warnEvery("catch-up", "journal read for a socket failed; retrying", "topic", m.topic, "err", err)
 			if _, err := bo.Wait(s.ctx); err != nil {
 				return
 			}

@@ -149,6 +149,9 @@ type SyncNode struct {
 
 	horizon      atomic.Int64 // newest journal seq known
 	horizonKnown atomic.Bool
+
+	warnMu   sync.Mutex           // guards warnedAt
+	warnedAt map[string]time.Time // when each repeating warning was last logged
 	natsUp       atomic.Bool
 
 	mu      sync.Mutex // guards the following fields
@@ -200,7 +203,7 @@ func OpenSyncNode(ctx context.Context, cfg SyncConfig) (*SyncNode, error) {
 				n.repairSubject(sub.Subject, "slow-consumer")
 				return
 			}
-			n.log.Warn("NATS error", "err", err)
+			n.warnEvery("nats-error", "NATS error", "err", err)
 		}))
 	if err != nil {
 		n.cancel()
@@ -494,7 +497,7 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 	seq, err1 := strconv.ParseInt(msg.Header.Get(HeaderSeq), 10, 64)
 	eseq, err2 := strconv.ParseInt(msg.Header.Get(HeaderEntitySeq), 10, 64)
 	if err1 != nil || err2 != nil {
-		n.log.Warn("NATS message without walcast headers ignored", "subject", msg.Subject)
+		n.warnEvery("headers", "NATS message without walcast headers ignored", "subject", msg.Subject)
 		return
 	}
 	tenant, hasTenant := "", false
@@ -527,7 +530,7 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 		Oversize bool       `json:"oversize"`
 	}
 	if err := json.Unmarshal(payload, &head); err != nil {
-		n.log.Warn("NATS message with an invalid envelope; repairing the entity from the journal", "subject", msg.Subject, "seq", seq)
+		n.warnEvery("invalid-message", "NATS message with an invalid envelope; repairing the entity from the journal", "subject", msg.Subject, "seq", seq)
 		t.mu.Lock()
 		t.repairLocked("invalid-message")
 		t.mu.Unlock()
@@ -538,7 +541,7 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 		// order is kept.
 		e, err := n.j.EntryAt(n.ctx, seq)
 		if err != nil {
-			n.log.Warn("oversize change not readable from the journal; repairing the entity", "seq", seq, "err", err)
+			n.warnEvery("oversize", "oversize change not readable from the journal; repairing the entity", "seq", seq, "err", err)
 			t.mu.Lock()
 			t.repairLocked("oversize")
 			t.mu.Unlock()
@@ -692,4 +695,23 @@ func (n *SyncNode) onResync(msg *nats.Msg) {
 func (n *SyncNode) resyncFrame(m *member, pos int64) *frame {
 	cur, _ := n.j.CursorAt(m.q, pos)
 	return controlFrame("resync", m.topic, cur)
+}
+
+// warnEvery logs a warning that can repeat (per message, per socket) at most
+// once a minute per key, so a failing journal or a bad publisher cannot
+// flood the log.
+func (n *SyncNode) warnEvery(key, msg string, args ...any) {
+	now := time.Now()
+	n.warnMu.Lock()
+	if n.warnedAt == nil {
+		n.warnedAt = map[string]time.Time{}
+	}
+	last, seen := n.warnedAt[key]
+	if seen && now.Sub(last) < time.Minute {
+		n.warnMu.Unlock()
+		return
+	}
+	n.warnedAt[key] = now
+	n.warnMu.Unlock()
+	n.log.Warn(msg, args...)
 }

@@ -66,7 +66,7 @@ func (n *SyncNode) serveChanges(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusBadRequest, "bad-cursor", "cursor was issued by another journal")
 		return
 	case err != nil:
-		n.log.Warn("journal read for /v1/changes failed", "err", err)
+		n.warnEvery("changes", "journal read for /v1/changes failed", "err", err)
 		writeJSONError(w, http.StatusServiceUnavailable, "unavailable", "journal unavailable; retry")
 		return
 	}
