@@ -152,7 +152,7 @@ type SyncNode struct {
 
 	warnMu   sync.Mutex           // guards warnedAt
 	warnedAt map[string]time.Time // when each repeating warning was last logged
-	natsUp       atomic.Bool
+	natsUp   atomic.Bool
 
 	mu      sync.Mutex // guards the following fields
 	topics  map[string]*syncTopic
