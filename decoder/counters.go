@@ -145,14 +145,23 @@ func (c *Counters) Get(entity string, op Op) uint64 {
 	return ec.n[i].Load()
 }
 
-// CountChanges reports the transaction's changes grouped by entity and op,
-// calling fn once per run of consecutive changes of the same entity and op,
-// and reports whether it could: a transaction whose changes live in a spill
-// file is not read for it (false, fn not called), so counting never costs a
-// second pass over a large transaction.
+// CountChanges reports the transaction's changes grouped by entity and op:
+// for an in-memory transaction it calls fn once per run of consecutive
+// changes of the same entity and op; for a spilled one, once per entity and
+// op, from counts the decoder kept while writing the spill file, which is
+// never read for it. It reports false, without calling fn, only for a
+// spilled streamed transaction whose changes fell into more than 4096
+// (subtransaction, entity, op) groups (a savepoint per row, say): those
+// counts are not kept, so that counting never costs memory per row.
 func (tx *Transaction) CountChanges(fn func(entity string, op Op, n int)) bool {
 	if tx.spill != nil {
-		return false
+		if !tx.spillCounted {
+			return false
+		}
+		for _, c := range tx.spillCounts {
+			fn(c.entity, opNames[c.op], c.n)
+		}
+		return true
 	}
 	for i := 0; i < len(tx.mem); {
 		c := &tx.mem[i]

@@ -85,27 +85,67 @@ func TestCountersByEntityAndOp(t *testing.T) {
 	}
 }
 
-// TestCountersSpilled: a spilled transaction is counted at decode time but
-// CountChanges does not read its spill file.
+// TestCountersSpilled: a streamed transaction spilled to disk, with an
+// aborted subtransaction, is counted at decode time (aborted changes
+// included), and CountChanges reports what it delivers without reading its
+// spill file.
 func TestCountersSpilled(t *testing.T) {
 	f := newFeeder(t, Config{MemoryBudget: 1})
-	f.feed(relationMsg(false, 0, 1, "public", "a", 'd', col{"id", 23, true}), beginMsg(10, 0x2000))
-	for i := 0; i < 5; i++ {
-		f.feed(insertMsg(false, 0, 1, fmt.Sprint(i)))
-	}
-	f.feed(commitMsg(0x2000, 0x2010))
+	f.feed(
+		streamStartMsg(100, true),
+		relationMsg(true, 100, 1, "public", "a", 'd', col{"id", 23, true}),
+		relationMsg(true, 100, 2, "public", "b", 'd', col{"id", 23, true}),
+		insertMsg(true, 100, 1, "1"), insertMsg(true, 100, 1, "2"), insertMsg(true, 100, 2, "1"),
+		insertMsg(true, 101, 1, "3"), deleteMsg(true, 101, 2, 'K', "1"),
+		streamStopMsg(),
+		streamAbortMsg(100, 101),
+		streamStartMsg(100, false),
+		insertMsg(true, 100, 1, "4"), updateMsg(true, 100, 2, 0, nil, "1"),
+		streamStopMsg(),
+		streamCommitMsg(100, 0x3000, 0x3010),
+	)
 	if f.d.Stats().Spilled != 1 {
 		t.Fatalf("not spilled: %+v", f.d.Stats())
 	}
-	if n := f.d.Counters().Get("public.a", OpInsert); n != 5 {
-		t.Fatalf("decoded inserts = %d, want 5", n)
+	if n := f.d.Counters().Get("public.a", OpInsert); n != 4 {
+		t.Fatalf("decoded inserts = %d, want 4 (the aborted one included)", n)
 	}
-	for _, tx := range f.d.Committed(nil) {
-		if tx.CountChanges(func(string, Op, int) { t.Fatal("spill file read for counting") }) {
-			t.Fatal("CountChanges counted a spilled transaction")
-		}
-		tx.Close()
+	txs := f.d.Committed(nil)
+	if len(txs) != 1 || txs[0].Len() != 5 {
+		t.Fatalf("committed %d transactions", len(txs))
 	}
+	tx := txs[0]
+	// Close first: the spill file is gone, so counting cannot read it.
+	if err := tx.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	if !tx.CountChanges(func(e string, op Op, n int) { got[e+" "+string(op)] += n }) {
+		t.Fatal("CountChanges refused a spilled transaction")
+	}
+	want := map[string]int{"public.a insert": 3, "public.b insert": 1, "public.b update": 1}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("CountChanges = %v, want %v", got, want)
+	}
+}
+
+// TestCountersSpilledTooManyGroups: a spilled streamed transaction with a
+// subtransaction per row keeps no per-group counts: CountChanges refuses it.
+func TestCountersSpilledTooManyGroups(t *testing.T) {
+	f := newFeeder(t, Config{MemoryBudget: 1})
+	f.feed(streamStartMsg(100, true), relationMsg(true, 100, 1, "public", "a", 'd', col{"id", 23, true}))
+	for i := 0; i <= maxSpillKeys; i++ {
+		f.feed(insertMsg(true, uint32(1000+i), 1, fmt.Sprint(i)))
+	}
+	f.feed(streamStopMsg(), streamCommitMsg(100, 0x90000, 0x90010))
+	txs := f.d.Committed(nil)
+	if len(txs) != 1 || txs[0].Len() != maxSpillKeys+1 {
+		t.Fatalf("committed %d transactions", len(txs))
+	}
+	if txs[0].CountChanges(func(string, Op, int) { t.Fatal("counted") }) {
+		t.Fatal("CountChanges counted a transaction with too many groups")
+	}
+	txs[0].Close()
 }
 
 // TestCountersBoundMessages: message prefixes past MaxMessageEntities are

@@ -188,6 +188,18 @@ type Transaction struct {
 	n     int
 	mem   []Change
 	spill changeSource // nil when every change is in mem
+
+	// For a spilled transaction: its changes by entity and op, counted as
+	// they were written (spillCounted false: too many groups, not kept).
+	spillCounts  []spillCount
+	spillCounted bool
+}
+
+// spillCount is a spilled transaction's number of changes of one entity and op.
+type spillCount struct {
+	entity string
+	op     uint8
+	n      int
 }
 
 // changeSource yields spilled changes; implemented by the decoder's spill file.

@@ -47,6 +47,56 @@ type txState struct {
 	lastN    int
 	sp       *spillWriter        // non-nil once spilled: every change goes to the file
 	aborted  map[uint32]struct{} // subtransactions aborted after the spill
+	// spillN counts the changes in the spill file by subtransaction, entity
+	// and op, so that CountChanges never reads the file; nil with spillOver
+	// set once it outgrows maxSpillKeys.
+	spillN    map[spillKey]int
+	spillOver bool
+}
+
+// spillKey groups a spilled transaction's changes for CountChanges.
+type spillKey struct {
+	sub    uint32
+	entity string
+	op     uint8
+}
+
+// maxSpillKeys bounds spillN: a streamed transaction with more distinct
+// (subtransaction, entity, op) groups (a savepoint per row, say) is counted
+// in totals only, rather than holding a count per row in memory.
+const maxSpillKeys = 4096
+
+// countSpilled counts a change written to tx's spill file.
+func (tx *txState) countSpilled(r *rec) {
+	if tx.spillOver {
+		return
+	}
+	k := spillKey{sub: r.sub, entity: r.entity, op: r.op}
+	if tx.spillN == nil {
+		tx.spillN = make(map[spillKey]int)
+	}
+	if _, ok := tx.spillN[k]; !ok && len(tx.spillN) >= maxSpillKeys {
+		tx.spillN, tx.spillOver = nil, true
+		return
+	}
+	tx.spillN[k]++
+}
+
+// spillCounts sums spillN by entity and op, leaving out aborted
+// subtransactions, as the spill reader does.
+func (tx *txState) spillCounts() []spillCount {
+	sums := map[spillKey]int{}
+	for k, n := range tx.spillN {
+		if _, gone := tx.aborted[k.sub]; gone {
+			continue
+		}
+		sums[spillKey{entity: k.entity, op: k.op}] += n
+	}
+	out := make([]spillCount, 0, len(sums))
+	for k, n := range sums {
+		out = append(out, spillCount{entity: k.entity, op: k.op, n: n})
+	}
+	return out
 }
 
 func (d *Decoder) newTx(xid uint32, streamed bool) *txState {
@@ -96,6 +146,7 @@ func (d *Decoder) add(tx *txState, r rec) error {
 		tx.lastN++
 	}
 	if tx.sp != nil {
+		tx.countSpilled(&r)
 		err := tx.sp.write(&r, tx.arena[r.tailOff:r.tailOff+r.tailLen])
 		tx.arena = tx.arena[:r.tailOff]
 		return err
@@ -140,8 +191,10 @@ func (d *Decoder) spillLargest() (bool, error) {
 		r := &big.recs[i]
 		if err := sp.write(r, big.arena[r.tailOff:r.tailOff+r.tailLen]); err != nil {
 			_ = sp.discard()
+			big.spillN, big.spillOver = nil, false
 			return false, err
 		}
+		big.countSpilled(r)
 	}
 	big.sp = sp
 	d.mem -= big.mem
@@ -209,6 +262,9 @@ func (d *Decoder) finish(tx *txState, commitLSN, endLSN LSN, ts time.Time) error
 	out := &Transaction{Xid: tx.xid, CommitLSN: commitLSN, EndLSN: endLSN, CommitTime: ts, n: tx.n}
 	head := appendHead(nil, tx.xid, endLSN, ts)
 	if tx.sp != nil {
+		if !tx.spillOver {
+			out.spillCounts, out.spillCounted = tx.spillCounts(), true
+		}
 		src, err := tx.sp.finish(head, tx.aborted)
 		tx.sp = nil
 		d.recycle(tx)

@@ -43,9 +43,11 @@ func endBatchSpan(span trace.Span, gen int64, res journal.AppendResult, err erro
 }
 
 // ChangeCounts returns the changes decoded and journaled so far, by entity
-// and op, across sessions. Journaled counts leave out the changes of
-// transactions spilled to disk by the decoder (they are never re-read just
-// to be counted); walcast.journal.changes counts every entry.
+// and op, across sessions. A transaction spilled to disk is never re-read to
+// be counted: the decoder's counts of what it wrote to the file are used
+// (decoder.Transaction.CountChanges), except for a streamed transaction with
+// more than 4096 (subtransaction, entity, op) groups, which only
+// walcast.journal.changes (every entry) counts.
 func (r *Replicator) ChangeCounts() (decoded, journaled *decoder.Counters) {
 	return r.decoded, r.journaled
 }
@@ -160,7 +162,7 @@ func (r *Replicator) RegisterMetrics(meter metric.Meter) error {
 		return err
 	}
 	journaled, err := meter.Int64ObservableCounter("walcast.journaled.changes",
-		metric.WithDescription("changes journaled, by entity and op (changes of transactions spilled to disk count only in walcast.journal.changes)"))
+		metric.WithDescription("changes journaled, by entity and op (a streamed transaction with a savepoint per row, past 4096 groups, counts only in walcast.journal.changes)"))
 	if err != nil {
 		return err
 	}
