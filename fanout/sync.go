@@ -150,9 +150,10 @@ type SyncNode struct {
 	horizon      atomic.Int64 // newest journal seq known
 	horizonKnown atomic.Bool
 
+	natsUp atomic.Bool
+
 	warnMu   sync.Mutex           // guards warnedAt
 	warnedAt map[string]time.Time // when each repeating warning was last logged
-	natsUp   atomic.Bool
 
 	mu      sync.Mutex // guards the following fields
 	topics  map[string]*syncTopic
