@@ -11,6 +11,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -159,9 +160,12 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 		return res, err
 	}
 	src := &copySource{txs: kept, next: nextSeq, base: j.cache.entities, dirty: map[string]entityState{}, resolve: resolve, buf: j.cache.buf[:0]}
+	reuse := false
 	defer func() {
-		if cap(src.buf) <= j.oneShotBytes+2*copyChunk {
-			j.cache.buf = src.buf[:0] // reuse the encoding buffer
+		// Reuse the encoding buffer only after a successful append: after a
+		// failed COPY, pgx's reader goroutine may still be reading it.
+		if reuse && cap(src.buf) <= j.oneShotBytes+2*copyChunk {
+			j.cache.buf = src.buf[:0]
 		}
 	}()
 	// A batch that encodes within j.oneShotBytes is encoded before sending, so
@@ -186,6 +190,7 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 		copySQL += "; " + j.finishSQL(src, o, gen, nextSeq, wm, newWM) + "; COMMIT"
 	}
 	_, err = conn.PgConn().CopyFrom(ctx, src, copySQL)
+	src.abandon()
 	if err == nil && !oneShot {
 		err = conn.PgConn().Exec(ctx, j.finishSQL(src, o, gen, nextSeq, wm, newWM)+"; COMMIT").Close()
 	}
@@ -219,6 +224,7 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 		res.FirstSeq, res.LastSeq = nextSeq, src.next-1
 	}
 	res.TenantUnknown = src.unknown
+	reuse = true
 	return res, nil
 }
 
@@ -313,12 +319,33 @@ type copySource struct {
 	unknown   int
 	resyncSeq int64
 	err       error
+
+	// mu is held by every Read. pgconn.CopyFrom can return on a server or
+	// connection error while its reader goroutine is still inside Read (or
+	// about to call it); abandon takes mu once CopyFrom has returned, so no
+	// Read touches the source, its buffer or its transactions afterwards.
+	mu        sync.Mutex
+	abandoned bool
 }
 
 const copyChunk = 64 << 10
 
+var errAbandoned = errors.New("journal: COPY source read after the COPY ended")
+
+// abandon stops the source for good; see mu.
+func (s *copySource) abandon() {
+	s.mu.Lock()
+	s.abandoned = true
+	s.mu.Unlock()
+}
+
 // Read implements io.Reader for pgconn.CopyFrom.
 func (s *copySource) Read(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.abandoned {
+		return 0, errAbandoned
+	}
 	if s.off == len(s.buf) {
 		if s.err != nil {
 			return 0, s.err
