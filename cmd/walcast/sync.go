@@ -147,7 +147,7 @@ func runSync(ctx context.Context, log *slog.Logger, sf *syncFlags) error {
 		return startupError(err)
 	}
 	defer j.Close()
-	metrics, err := telemetry.NewMetrics()
+	metrics, err := telemetry.NewMetrics(telemetry.WithService(telemetry.ServiceName, version))
 	if err != nil {
 		return withCode(exitFailed, err)
 	}
