@@ -751,3 +751,52 @@ func TestRunStartupErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestLagReturnsToZeroWhenIdle: after a burst of writes, walcast_replication_lag_bytes
+// (server WAL end minus the journal watermark) comes back to about zero once the
+// source is idle, since idle keepalive positions are journaled and confirmed.
+func TestLagReturnsToZeroWhenIdle(t *testing.T) {
+	c := pgtest.Start(t, pgtest.Options{Settings: map[string]string{"wal_sender_timeout": "2s"}})
+	url := c.NewDatabase(t)
+	setupSource(t, url)
+	p := startWalcast(t, runArgs(url)...)
+	waitUntil(t, "active", 30*time.Second, func() bool { return strings.HasPrefix(p.readyz(), "active") })
+	execSQL(t, url, `INSERT INTO items SELECT g, repeat('x', 500) FROM generate_series(1, 5000) g`,
+		`CREATE TABLE scratch AS SELECT g, repeat('y', 500) AS pad FROM generate_series(1, 20000) g`) // unpublished WAL too
+	lag := func() (int64, bool) {
+		p.mu.Lock()
+		addr := p.http
+		p.mu.Unlock()
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return 0, false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "walcast_replication_lag_bytes "); ok {
+				n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				return n, err == nil
+			}
+		}
+		return 0, false
+	}
+	var endStr string
+	pgtest.MustQueryRow(t, url, `SELECT pg_current_wal_lsn()::text`, nil, &endStr)
+	end, err := decoder.ParseLSN(endStr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := journal.Open(context.Background(), journal.Config{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	// The watermark passes the end of the burst, unpublished WAL included,
+	// and the metric agrees that nothing is left.
+	waitUntil(t, "lag back to about zero", 30*time.Second, func() bool {
+		wm, err := j.Watermark(context.Background())
+		n, ok := lag()
+		return err == nil && wm >= end && ok && n < 64<<10
+	})
+}
