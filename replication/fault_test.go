@@ -86,17 +86,8 @@ func TestTerminatedWalsenderRecovers(t *testing.T) {
 // writer commits; every committed change is journaled once.
 func TestPostgresRestartMidLoad(t *testing.T) {
 	c := pgtest.Start(t, pgtest.Options{})
-	url := c.NewDatabase(t)
-	execSQL(t, url,
-		`CREATE TABLE items (id int PRIMARY KEY, val text, n int)`,
-		`CREATE TABLE other (id int PRIMARY KEY, val text)`,
-		`CREATE PUBLICATION pub FOR TABLE items, other`)
-	j, err := journal.Open(context.Background(), journal.Config{URL: url, CursorSecret: testSecret})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer j.Close()
-	f := &fixture{t: t, url: url, j: j}
+	f := newFixtureOn(t, c.NewDatabase(t))
+	url, j := f.url, f.j
 	run := f.start(f.config())
 	waitFor(t, "active", 10*time.Second, func() bool { return run.r.State().Role == RoleActive })
 
@@ -135,17 +126,8 @@ func TestPostgresRestartMidLoad(t *testing.T) {
 // replication session alive, and everything lands once the lock goes.
 func TestJournalStallKeepsSessionAlive(t *testing.T) {
 	c := pgtest.Start(t, pgtest.Options{Settings: map[string]string{"wal_sender_timeout": "2s"}})
-	url := c.NewDatabase(t)
-	execSQL(t, url,
-		`CREATE TABLE items (id int PRIMARY KEY, val text, n int)`,
-		`CREATE TABLE other (id int PRIMARY KEY, val text)`,
-		`CREATE PUBLICATION pub FOR TABLE items, other`)
-	j, err := journal.Open(context.Background(), journal.Config{URL: url, CursorSecret: testSecret})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer j.Close()
-	f := &fixture{t: t, url: url, j: j}
+	f := newFixtureOn(t, c.NewDatabase(t))
+	url := f.url
 	cfg := f.config()
 	cfg.QueueMaxChanges = 50 // the loop must also stop reading while stalled
 	run := f.start(cfg)

@@ -30,7 +30,12 @@ type fixture struct {
 
 func newFixture(t *testing.T, setup ...string) *fixture {
 	t.Helper()
-	url := pgtest.NewDatabase(t)
+	return newFixtureOn(t, pgtest.NewDatabase(t), setup...)
+}
+
+// newFixtureOn sets up the fixture in the database at url.
+func newFixtureOn(t *testing.T, url string, setup ...string) *fixture {
+	t.Helper()
 	execSQL(t, url, append([]string{
 		`CREATE TABLE items (id int PRIMARY KEY, val text, n int)`,
 		`CREATE TABLE other (id int PRIMARY KEY, val text)`,
