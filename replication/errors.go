@@ -154,7 +154,7 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// redactURL returns a description of a connection target with no secret in
+// describeTarget describes a connection target with no secret in
 // it: user@host:port/database.
 func describeTarget(cfg *pgconn.Config) string {
 	host := cfg.Host
