@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -102,6 +103,16 @@ func TestSyncEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	check(late)
+
+	// walcast tail --socket prints the same changes as JSON lines.
+	tail := startWalcast(t, "tail", "--socket", wsURL, "--token", tok, "--topic", "public.items",
+		"--from-cursor", start, "--count", strconv.Itoa(len(committed)))
+	if code := tail.exitCode(t, 60*time.Second); code != 0 {
+		t.Fatalf("tail --socket: exit %d\n%s", code, tail.log())
+	}
+	if n := strings.Count(tail.log(), `{"seq":`); n != len(committed) {
+		t.Fatalf("tail --socket printed %d envelopes, want %d\n%s", n, len(committed), tail.log())
+	}
 }
 
 func TestSyncUsageErrors(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/walcast/walcast/fanout"
+	"github.com/walcast/walcast/fanout/client"
 	"github.com/walcast/walcast/journal"
 )
 
@@ -26,6 +27,8 @@ func newTailCmd(env Env) *cobra.Command {
 		topics       []string
 		tenant       string
 		count        int
+		socketURL    string
+		token        string
 	)
 	cmd := &cobra.Command{
 		Use:   "tail",
@@ -35,6 +38,10 @@ debugging a stream.
 
 From NATS (--nats-url): every message on --subject (default: all of walcast's
 subjects), as it is published.
+
+From a sync node (--socket ws://host:8080/v1/socket, with --token): the
+changes of every --topic, as a client sees them (from --from-cursor when given,
+one topic only); resync notices go to standard error.
 
 From the journal (--journal-url): entries after --from-seq (0: the oldest
 retained; default: only new ones), or after --from-cursor (a cursor issued by a
@@ -47,9 +54,23 @@ for); it keeps following new entries.
 			out := bufio.NewWriter(cmd.OutOrStdout())
 			defer out.Flush()
 			p := &printer{w: out, left: count}
+			sources := 0
+			for _, set := range []bool{nf.cfg.URL != "", journalURL != "", socketURL != ""} {
+				if set {
+					sources++
+				}
+			}
 			switch {
-			case nf.cfg.URL != "" && journalURL != "":
-				return usageErrorf("tail: give either --nats-url or --journal-url, not both")
+			case sources > 1:
+				return usageErrorf("tail: give one of --nats-url, --journal-url or --socket")
+			case socketURL != "":
+				if len(topics) == 0 {
+					return usageErrorf("tail: --socket needs at least one --topic")
+				}
+				if fromCursor != "" && len(topics) != 1 {
+					return usageErrorf("tail: --from-cursor with --socket takes exactly one --topic")
+				}
+				return tailSocket(cmd.Context(), socketURL, token, topics, fromCursor, p, cmd.ErrOrStderr())
 			case nf.cfg.URL != "":
 				nf.cfg.Name = "walcast tail"
 				return tailNATS(cmd.Context(), nf.cfg, subject, p)
@@ -77,7 +98,7 @@ for); it keeps following new entries.
 				}
 				return tailJournal(cmd.Context(), j, fromSeq, p)
 			}
-			return usageErrorf("tail: give --nats-url (live from NATS) or --journal-url (from the journal)")
+			return usageErrorf("tail: give --nats-url (live from NATS), --journal-url (from the journal) or --socket (from a sync node)")
 		},
 	}
 	nf.register(cmd, "NATS server to read live envelopes from")
@@ -88,7 +109,9 @@ for); it keeps following new entries.
 	f.Int64Var(&fromSeq, "from-seq", 0, "print entries after this seq (0: from the oldest retained; default: only new ones)")
 	f.StringVar(&fromCursor, "from-cursor", "", "print entries after this cursor")
 	f.StringVar(&cursorSecret, "cursor-secret", "", "secret the cursor was signed with (with --from-cursor)")
-	f.StringSliceVar(&topics, "topic", nil, "entities the cursor was issued for (with --from-cursor)")
+	f.StringSliceVar(&topics, "topic", nil, "entities to follow (with --socket), or the cursor was issued for (with --journal-url --from-cursor)")
+	f.StringVar(&socketURL, "socket", "", "sync node socket to follow, e.g. ws://127.0.0.1:8080/v1/socket")
+	f.StringVar(&token, "token", "", "JWT for --socket (prefer the environment variable)")
 	f.StringVar(&tenant, "tenant", "", "tenant the cursor was issued for (with --from-cursor)")
 	f.IntVar(&count, "count", 0, "stop after this many envelopes (0: never)")
 	return cmd
@@ -194,6 +217,35 @@ func tailCursor(ctx context.Context, j *journal.Journal, q journal.Query, p *pri
 			if _, err := j.Wait(ctx, res.Horizon); err != nil {
 				return finish(err)
 			}
+		}
+	}
+}
+
+func tailSocket(ctx context.Context, url, token string, topics []string, cursor string, p *printer, stderr io.Writer) error {
+	c, err := client.Dial(ctx, url, client.Options{Token: token})
+	if err != nil {
+		return withCode(exitUsage, fmt.Errorf("connect to %s: %w", url, err))
+	}
+	defer c.Close()
+	for _, t := range topics {
+		if err := c.Subscribe(t, cursor); err != nil {
+			return withCode(exitFailed, err)
+		}
+	}
+	for {
+		ev, err := c.Next(ctx)
+		if err != nil {
+			return finish(err)
+		}
+		switch ev.Type {
+		case client.EventChange:
+			if err := p.print(ev.Change); err != nil {
+				return finish(err)
+			}
+		case client.EventResync:
+			fmt.Fprintf(stderr, "walcast tail: resync on %s: refetch the state; changes continue after cursor %s\n", ev.Topic, ev.Cursor)
+		case client.EventError:
+			return withCode(exitFailed, fmt.Errorf("the sync node refused: %s: %s", ev.Code, ev.Msg))
 		}
 	}
 }
