@@ -67,12 +67,13 @@ type Publisher struct {
 	log *slog.Logger
 	id  string // journal id hex
 
-	recorded  time.Time    // when the position was last saved; owned by Run
-	savedPos  int64        // the position last saved; owned by Run
-	published atomic.Int64 // last seq handed to NATS
-	horizon   atomic.Int64 // journal horizon at the last read
-	count     atomic.Uint64
-	oversize  atomic.Uint64
+	recorded   time.Time    // when the position was last saved; owned by Run
+	savedPos   int64        // the position last saved; owned by Run
+	reconnects uint64       // the connection's reconnect count at the last save; owned by Run
+	published  atomic.Int64 // last seq handed to NATS
+	horizon    atomic.Int64 // journal horizon at the last read
+	count      atomic.Uint64
+	oversize   atomic.Uint64
 
 	byEntity *decoder.Counters                  // published by entity and op, read by metrics
 	counts   map[string]*decoder.EntityCounters // byEntity's entries by entity; owned by Run
@@ -153,6 +154,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 	var pos int64
 	loaded := false
 	failing := false
+	p.reconnects = p.nc.Stats().Reconnects
 	for ctx.Err() == nil {
 		var err error
 		if !loaded {
@@ -269,12 +271,24 @@ func (p *Publisher) publish(ctx context.Context, pos int64, entries []journal.En
 	return last, nil
 }
 
+// errReconnected reports a reconnect since the last saved position.
+var errReconnected = errors.New("the NATS connection was re-established; messages sent to the old connection may be lost")
+
 // record flushes to the server and saves seq as the published position.
+//
+// A flush only proves the current connection delivered what it carried: if
+// the connection was re-established since the last save, messages written
+// to the old one may never have reached a server, so the publisher rewinds
+// (Run) and republishes from the saved position instead.
 func (p *Publisher) record(ctx context.Context, seq int64) error {
 	fctx, cancel := context.WithTimeout(ctx, p.cfg.FlushTimeout)
 	defer cancel()
 	if err := p.nc.FlushWithContext(fctx); err != nil {
 		return fmt.Errorf("NATS did not acknowledge the published changes: %w", err)
+	}
+	if r := p.nc.Stats().Reconnects; r != p.reconnects {
+		p.reconnects = r
+		return errReconnected
 	}
 	if err := p.j.SetPublished(ctx, seq); err != nil {
 		return err
