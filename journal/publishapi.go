@@ -3,9 +3,6 @@ package journal
 import (
 	"context"
 	"encoding/hex"
-	"time"
-
-	"github.com/walcast/walcast/decoder"
 )
 
 // IDHex is the journal id as 32 lower-case hex digits, as used in NATS
@@ -54,25 +51,13 @@ func (j *Journal) ReadAfter(ctx context.Context, after int64, limit int) (Log, e
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var (
-			seq, entitySeq, lsn, clsn *int64
-			entity, tenant, opv       *string
-			unknown                   *bool
-			ct                        *time.Time
-			env                       []byte
-		)
-		if err := rows.Scan(&out.Horizon, &out.Floor, &seq, &entity, &entitySeq, &tenant, &unknown, &opv, &lsn, &clsn, &ct, &env); err != nil {
+		var c entryCols
+		if err := rows.Scan(append([]any{&out.Horizon, &out.Floor}, c.dest()...)...); err != nil {
 			return Log{}, opErr(op, err, "")
 		}
-		if seq == nil { // no entry after `after`: the LEFT JOIN's empty row
-			continue
+		if e, ok := c.entry(); ok {
+			out.Entries = append(out.Entries, e)
 		}
-		e := Entry{Seq: *seq, Entity: *entity, EntitySeq: *entitySeq, TenantUnknown: *unknown, Op: decoder.Op(*opv),
-			LSN: decoder.LSN(*lsn), CommitLSN: decoder.LSN(*clsn), CommitTime: *ct, Envelope: env}
-		if tenant != nil {
-			e.Tenant = *tenant
-		}
-		out.Entries = append(out.Entries, e)
 	}
 	if err := rows.Err(); err != nil {
 		return Log{}, opErr(op, err, "")

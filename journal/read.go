@@ -259,26 +259,42 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, fromO
 	defer rows.Close()
 	out := readRows{window: scanWindow(limit)}
 	for rows.Next() {
-		var (
-			seq, entitySeq, lsn, commitLSN *int64
-			entity, tenant, opv            *string
-			unknown                        *bool
-			commitTime                     *time.Time
-			env                            []byte
-		)
-		if err := rows.Scan(&out.horizon, &out.floor, &out.resyncSeq, &out.start,
-			&seq, &entity, &entitySeq, &tenant, &unknown, &opv, &lsn, &commitLSN, &commitTime, &env); err != nil {
+		var c entryCols
+		if err := rows.Scan(append([]any{&out.horizon, &out.floor, &out.resyncSeq, &out.start}, c.dest()...)...); err != nil {
 			return readRows{}, err
 		}
-		if seq == nil { // LEFT JOIN with no entry
-			continue
+		if e, ok := c.entry(); ok {
+			out.entries = append(out.entries, e)
 		}
-		e := Entry{Seq: *seq, Entity: *entity, EntitySeq: *entitySeq, TenantUnknown: *unknown, Op: decoder.Op(*opv),
-			LSN: decoder.LSN(*lsn), CommitLSN: decoder.LSN(*commitLSN), CommitTime: *commitTime, Envelope: env}
-		if tenant != nil {
-			e.Tenant = *tenant
-		}
-		out.entries = append(out.entries, e)
 	}
 	return out, rows.Err()
+}
+
+// entryCols is one entries row read through a LEFT JOIN, so every column may
+// be NULL (no entry after the start). The selected columns must be, in
+// order: seq, entity, entity_seq, tenant, tenant_unknown, op, lsn,
+// commit_lsn, commit_time, envelope.
+type entryCols struct {
+	seq, entitySeq, lsn, commitLSN *int64
+	entity, tenant, op             *string
+	unknown                        *bool
+	commitTime                     *time.Time
+	env                            []byte
+}
+
+func (c *entryCols) dest() []any {
+	return []any{&c.seq, &c.entity, &c.entitySeq, &c.tenant, &c.unknown, &c.op, &c.lsn, &c.commitLSN, &c.commitTime, &c.env}
+}
+
+// entry converts the row; false for the LEFT JOIN's empty row.
+func (c *entryCols) entry() (Entry, bool) {
+	if c.seq == nil {
+		return Entry{}, false
+	}
+	e := Entry{Seq: *c.seq, Entity: *c.entity, EntitySeq: *c.entitySeq, TenantUnknown: *c.unknown, Op: decoder.Op(*c.op),
+		LSN: decoder.LSN(*c.lsn), CommitLSN: decoder.LSN(*c.commitLSN), CommitTime: *c.commitTime, Envelope: c.env}
+	if c.tenant != nil {
+		e.Tenant = *c.tenant
+	}
+	return e, true
 }
