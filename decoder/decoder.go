@@ -7,9 +7,11 @@ import (
 
 // Config configures a Decoder. The zero value is usable; New fills defaults.
 type Config struct {
-	// JournalSchema is the schema of walcast's own journal; changes to its
-	// tables are dropped (DESIGN §4.10). Default "walcast".
-	JournalSchema string
+	// SkipRelations holds the relation OIDs of walcast's own journal tables
+	// when the journal lives in the source database; their changes are
+	// dropped (DESIGN §4.10). Relations are matched by OID, never by schema
+	// name: a table of the same name in another database is data.
+	SkipRelations map[uint32]bool
 	// MessagePrefix selects logical decoding messages: only those whose
 	// prefix starts with it become envelopes (DESIGN §4.11). Default
 	// "walcast.".
@@ -29,7 +31,7 @@ type Config struct {
 	// metrics read from another goroutine. Default: a fresh Counters, see
 	// Decoder.Counters. Pass one to keep totals across decoders. Every
 	// change decoded is counted, including those of streamed transactions
-	// that later abort; changes of the journal schema and messages of
+	// that later abort; changes of journal tables and messages of
 	// other prefixes, which are dropped, are not.
 	Counters *Counters
 	// Now stamps the commitTime of non-transactional logical messages, which
@@ -91,9 +93,6 @@ type Stats struct {
 
 // New returns a Decoder with cfg's defaults filled in.
 func New(cfg Config) *Decoder {
-	if cfg.JournalSchema == "" {
-		cfg.JournalSchema = "walcast"
-	}
 	if cfg.MessagePrefix == "" {
 		cfg.MessagePrefix = "walcast."
 	}
@@ -196,7 +195,7 @@ func (d *Decoder) Decode(walStart LSN, data []byte) error {
 // in commit order, and returns it. The caller owns them and must Close each
 // once it is journaled or discarded (spilled ones hold a file).
 //
-// A transaction whose every change was dropped (journal schema, messages
+// A transaction whose every change was dropped (journal tables, messages
 // with another prefix) is still returned, with Len 0, so that its EndLSN
 // can be journaled as the watermark and acknowledged. A non-transactional
 // logical message is returned as a transaction of its own with Xid 0 and

@@ -14,7 +14,7 @@ type column struct {
 type relation struct {
 	id       uint32
 	entity   string // EntityName(schema, table)
-	skip     bool   // in the journal schema: changes are dropped (DESIGN §4.10)
+	skip     bool   // a journal table (Config.SkipRelations): changes are dropped (DESIGN §4.10)
 	cols     []column
 	hasKey   bool
 	tenant   int             // index of the tenant column, -1 when there is none
@@ -26,7 +26,7 @@ func newRelation(id uint32, ns, name string, cfg *Config) *relation {
 	if ns == "" {
 		ns = "pg_catalog" // pgoutput sends "" for pg_catalog
 	}
-	r := &relation{id: id, entity: EntityName(ns, name), skip: ns == cfg.JournalSchema, tenant: -1}
+	r := &relation{id: id, entity: EntityName(ns, name), skip: cfg.SkipRelations[id], tenant: -1}
 	if !r.skip {
 		r.counts = cfg.Counters.Entity(r.entity)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"time"
+	"unicode/utf8"
 )
 
 const (
@@ -131,6 +132,7 @@ func (d *Decoder) recycle(tx *txState) {
 
 // add appends a change whose tail the caller has just appended to tx.arena.
 func (d *Decoder) add(tx *txState, r rec) error {
+	r = d.guard(tx, r)
 	d.stats.Changes++
 	tx.n++
 	if tx.streamed {
@@ -357,7 +359,10 @@ func appendLSN(b []byte, l LSN) []byte {
 
 func base64StdAppend(dst, src []byte) []byte { return base64.StdEncoding.AppendEncode(dst, src) }
 
-func jsonValid(b []byte) bool { return len(b) > 0 && validJSON(b) }
+// jsonValid reports whether b may be embedded as JSON: one valid JSON value
+// in valid UTF-8 (the journal's text column and every JSON reader refuse
+// anything else; a message content in LATIN1 can parse as JSON).
+func jsonValid(b []byte) bool { return len(b) > 0 && utf8.Valid(b) && validJSON(b) }
 
 // errClosed is returned by iterating a transaction after Close.
 var errClosed = errors.New("decoder: transaction used after Close")

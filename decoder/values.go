@@ -121,7 +121,7 @@ func appendScalar(dst []byte, k kind, v []byte, scratch *[]byte) []byte {
 			return append(dst, v...)
 		}
 	case kJSON:
-		if validJSON(v) {
+		if jsonValid(v) {
 			return append(dst, v...)
 		}
 	case kBytea:

@@ -21,7 +21,6 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgproto3"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -154,6 +153,11 @@ type Replicator struct {
 	tracer    trace.Tracer // no-op unless SetTracerProvider
 	decoded   *decoder.Counters
 	journaled *decoder.Counters
+
+	// skipRelations are the journal's own tables in the source database
+	// (nil when the journal lives elsewhere); set by session before the
+	// stream starts, read by the stream of that session.
+	skipRelations map[uint32]bool
 
 	mu    sync.Mutex // guards the following fields
 	state State
@@ -290,6 +294,15 @@ func (r *Replicator) session(ctx context.Context, everConnected *bool) (streamed
 	if err := r.waitForLock(ctx, conn); err != nil {
 		return false, err
 	}
+	skip, exact, err := journalRelations(ctx, conn, r.j.Schema(), r.j.ID())
+	if err != nil {
+		return false, err
+	}
+	if !exact {
+		r.log.Warn("cannot read the journal id in the source database; treating every table of the journal schema as the journal's", "schema", r.j.Schema(),
+			"fix", "GRANT SELECT ON "+r.j.Schema()+".meta TO the source role, or keep the journal in another schema")
+	}
+	r.skipRelations = skip
 	gen, err := r.j.Acquire(ctx)
 	if err != nil {
 		return false, err
@@ -476,306 +489,6 @@ func classifyStreamError(op string, err error) error {
 		}
 	}
 	return fmt.Errorf("%s: %w", op, err)
-}
-
-// stream runs the receive loop (this goroutine: the only one that touches
-// conn) and the journal writer (one goroutine it owns) until ctx ends or
-// either fails.
-func (r *Replicator) stream(ctx context.Context, conn *pgconn.PgConn, gen int64, statusEvery time.Duration) error {
-	dec := decoder.New(decoder.Config{
-		JournalSchema: r.j.Schema(), MessagePrefix: r.cfg.MessagePrefix, TenantColumn: r.cfg.TenantColumn,
-		MemoryBudget: r.cfg.MemoryBudget, SpillDir: r.cfg.SpillDir, Counters: r.decoded,
-	})
-	q := newQueue(r.cfg.QueueMaxChanges)
-	wake := &waker{}
-	writerDone := make(chan error, 1)
-	go func() { writerDone <- r.writer(ctx, q, gen, wake) }()
-
-	loop := &streamLoop{r: r, conn: conn, dec: dec, q: q, wake: wake, writerDone: writerDone, statusEvery: statusEvery}
-	err := loop.run(ctx)
-
-	// Stop the writer: it finishes the batch in flight (journaled batches are
-	// durable and will be acknowledged below) and drops what is queued, which
-	// Postgres resends after the restart because it was never acknowledged.
-	q.close()
-	werr := loop.writerErr
-	if !loop.writerExited {
-		werr = <-writerDone
-	}
-	for _, it := range q.drain() {
-		it.release()
-	}
-	if derr := dec.Close(); derr != nil && err == nil {
-		err = derr
-	}
-	if err == nil && werr != nil {
-		err = werr
-	}
-	// Final status update with what is durable, when the connection still
-	// works (graceful shutdown).
-	if conn.IsClosed() {
-		return err
-	}
-	wm := decoder.LSN(r.watermark.Load())
-	if serr := sendStatus(context.WithoutCancel(ctx), conn, wm, false); serr == nil && ctx.Err() != nil {
-		r.log.Info("stopped; final status update sent", "watermark", wm.String())
-	}
-	return err
-}
-
-func sendStatus(ctx context.Context, conn *pgconn.PgConn, wm decoder.LSN, reply bool) error {
-	// Write, flush and apply are all set explicitly: pglogrepl would copy the
-	// write position into a zero flush position, and the server's live
-	// position must never be sent (DESIGN §4.4).
-	p := pglogrepl.LSN(wm)
-	return pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
-		WALWritePosition: p, WALFlushPosition: p, WALApplyPosition: p,
-		ClientTime: time.Now(), ReplyRequested: reply,
-	})
-}
-
-// streamLoop is the receive side of a session.
-type streamLoop struct {
-	r           *Replicator
-	conn        *pgconn.PgConn
-	dec         *decoder.Decoder
-	q           *queue
-	wake        *waker
-	writerDone  chan error
-	statusEvery time.Duration
-
-	writerExited bool
-	writerErr    error
-
-	sentWM      decoder.LSN
-	nextStatus  time.Time
-	lastAdvance time.Time
-	lastRecv    time.Time
-	txs         []*decoder.Transaction
-}
-
-func (l *streamLoop) run(ctx context.Context) error {
-	now := time.Now()
-	l.lastRecv = now
-	l.nextStatus = now
-	silence := 2 * l.statusEvery
-	for {
-		if ctx.Err() != nil {
-			return nil
-		}
-		if !l.writerExited {
-			select {
-			case err := <-l.writerDone:
-				l.writerExited, l.writerErr = true, err
-			default:
-			}
-		}
-		if l.writerExited {
-			if l.writerErr == nil {
-				return errors.New("journal writer stopped")
-			}
-			return l.writerErr
-		}
-		if err := l.maybeSendStatus(ctx); err != nil {
-			return err
-		}
-		if time.Since(l.lastRecv) > silence {
-			return fmt.Errorf("no message from the server for %s (more than twice the status interval); reconnecting", silence.Round(time.Second))
-		}
-		if l.q.full() {
-			// Back-pressure: stop reading WAL, keep the session alive with
-			// status updates until the writer drains the queue. The server
-			// does not time us out while our updates keep coming.
-			l.waitForRoom(ctx)
-			l.lastRecv = time.Now() // silence is ours, not the server's
-			continue
-		}
-		deadline := l.nextStatus
-		if d := l.lastRecv.Add(silence); d.Before(deadline) {
-			deadline = d
-		}
-		rctx, cancel := context.WithDeadline(ctx, deadline)
-		l.wake.arm(cancel)
-		msg, err := l.conn.ReceiveMessage(rctx)
-		l.wake.disarm()
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			if pgconn.Timeout(err) || errors.Is(err, context.Canceled) {
-				continue // status due, or woken by a new watermark
-			}
-			return classifyStreamError("receive replication stream", err)
-		}
-		l.lastRecv = time.Now()
-		if err := l.handle(ctx, msg); err != nil {
-			return err
-		}
-	}
-}
-
-func (l *streamLoop) handle(ctx context.Context, msg pgproto3.BackendMessage) error {
-	switch msg := msg.(type) {
-	case *pgproto3.CopyData:
-		if len(msg.Data) == 0 {
-			return errors.New("empty CopyData from server")
-		}
-		switch msg.Data[0] {
-		case pglogrepl.XLogDataByteID:
-			x, err := pglogrepl.ParseXLogData(msg.Data[1:])
-			if err != nil {
-				return fmt.Errorf("parse XLogData: %w", err)
-			}
-			if x.ServerWALEnd > 0 {
-				l.r.serverEnd.Store(uint64(x.ServerWALEnd))
-			}
-			// The decoder only borrows WALData for the call, so the receive
-			// buffer is never copied.
-			if err := l.dec.Decode(decoder.LSN(x.WALStart), x.WALData); err != nil {
-				return err
-			}
-			l.txs = l.dec.Committed(l.txs[:0])
-			if len(l.txs) > 0 {
-				l.q.push(l.txs)
-				clear(l.txs)
-			}
-		case pglogrepl.PrimaryKeepaliveMessageByteID:
-			k, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
-			if err != nil {
-				return fmt.Errorf("parse keepalive: %w", err)
-			}
-			end := decoder.LSN(k.ServerWALEnd)
-			l.r.serverEnd.Store(uint64(end))
-			// Confirm the keepalive's position only when nothing is decoded
-			// but unjournaled: journal it as the watermark first, so the
-			// slot never runs ahead of the journal (DESIGN §4.4, §4.6).
-			// At most one such advance per half status interval: when the
-			// journal lives in the source database, each advance is WAL
-			// that brings another keepalive.
-			if end > decoder.LSN(l.r.watermark.Load()) && l.dec.Idle() && l.q.idle() &&
-				time.Since(l.lastAdvance) >= l.statusEvery/2 {
-				l.q.pushAdvance(end)
-				l.lastAdvance = time.Now()
-			}
-			if k.ReplyRequested {
-				return l.sendStatus(ctx, false)
-			}
-		}
-	case *pgproto3.CopyDone:
-		return errors.New("the server ended the replication stream")
-	case *pgproto3.ErrorResponse:
-		return classifyStreamError("replication stream", pgconn.ErrorResponseToPgError(msg))
-	}
-	return nil
-}
-
-// maybeSendStatus sends a status update when the watermark moved or one is
-// due. When one is due and nothing is in flight it asks the server to reply,
-// so a keepalive with the server's position comes back and an idle slot
-// advances past WAL of unpublished tables.
-func (l *streamLoop) maybeSendStatus(ctx context.Context) error {
-	wm := decoder.LSN(l.r.watermark.Load())
-	due := !time.Now().Before(l.nextStatus)
-	if wm == l.sentWM && !due {
-		return nil
-	}
-	return l.sendStatus(ctx, due && l.dec.Idle() && l.q.idle())
-}
-
-func (l *streamLoop) sendStatus(ctx context.Context, reply bool) error {
-	wm := decoder.LSN(l.r.watermark.Load())
-	if err := sendStatus(ctx, l.conn, wm, reply); err != nil {
-		return fmt.Errorf("send status update: %w", err)
-	}
-	l.sentWM = wm
-	l.nextStatus = time.Now().Add(l.statusEvery)
-	return nil
-}
-
-// waitForRoom blocks until the queue has room, a status update is due, the
-// writer stops or ctx ends.
-func (l *streamLoop) waitForRoom(ctx context.Context) {
-	t := time.NewTimer(time.Until(l.nextStatus))
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-l.q.room():
-	case <-t.C:
-	case err := <-l.writerDone:
-		l.writerExited, l.writerErr = true, err
-	}
-}
-
-// writer journals queued transactions in group-committed batches under
-// generation gen, publishing each new watermark to the loop.
-func (r *Replicator) writer(ctx context.Context, q *queue, gen int64, wake *waker) error {
-	// Appends are not cancelled by shutdown: the batch in flight completes so
-	// it can be acknowledged by the final status update.
-	actx := context.WithoutCancel(ctx)
-	for {
-		batch, ok := q.take(r.cfg.BatchMaxTxns, r.cfg.BatchMaxChanges, r.cfg.BatchMaxDelay)
-		if !ok {
-			return nil
-		}
-		start := time.Now()
-		sctx, span := r.tracer.Start(actx, spanJournalAppend)
-		res, err := r.appendBatch(sctx, gen, batch)
-		endBatchSpan(span, gen, res, err)
-		if err == nil && res.Entries > 0 {
-			r.recordBatch(ctx, time.Since(start), res.Entries)
-		}
-		if err == nil && r.log.Enabled(ctx, slog.LevelDebug) {
-			r.log.Debug("journal batch", "items", len(batch), "transactions", res.Transactions, "skipped", res.Skipped,
-				"entries", res.Entries, "watermark", res.Watermark.String(), "took", time.Since(start))
-		}
-		for _, it := range batch {
-			it.release()
-		}
-		q.done(len(batch))
-		if err != nil {
-			return err
-		}
-		if decoder.LSN(r.watermark.Load()) < res.Watermark {
-			r.watermark.Store(uint64(res.Watermark))
-		}
-		wake.wake()
-	}
-}
-
-func (r *Replicator) appendBatch(ctx context.Context, gen int64, batch []queueItem) (journal.AppendResult, error) {
-	if len(batch) == 1 && batch[0].tx == nil {
-		return r.j.Advance(ctx, gen, batch[0].advance)
-	}
-	txs := make([]*decoder.Transaction, 0, len(batch))
-	var adv decoder.LSN
-	var newest time.Time
-	for _, it := range batch {
-		if it.tx != nil {
-			txs = append(txs, it.tx)
-			if it.tx.CommitTime.After(newest) {
-				newest = it.tx.CommitTime
-			}
-		} else if it.advance > adv {
-			adv = it.advance
-		}
-	}
-	prev := decoder.LSN(r.watermark.Load()) // the journal's watermark: this writer is its only appender
-	res, err := r.j.Append(ctx, gen, txs)
-	if err != nil {
-		return res, err
-	}
-	r.countJournaled(prev, txs)
-	if !newest.IsZero() {
-		r.delay.Store(int64(time.Since(newest)))
-	}
-	r.stats.Batches.Add(1)
-	r.stats.Transactions.Add(uint64(res.Transactions))
-	r.stats.Changes.Add(uint64(res.Entries))
-	if adv > res.Watermark {
-		return r.j.Advance(ctx, gen, adv)
-	}
-	return res, nil
 }
 
 // WhileActive runs fn each time the replicator becomes active, with a context
