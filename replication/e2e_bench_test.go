@@ -14,7 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walcast/walcast/decoder"
-	"github.com/walcast/walcast/fanout"
+	"github.com/walcast/walcast/fanout/bus"
+	"github.com/walcast/walcast/fanout/publish"
 	"github.com/walcast/walcast/internal/natstest"
 	"github.com/walcast/walcast/internal/pgtest"
 	"github.com/walcast/walcast/journal"
@@ -96,16 +97,16 @@ func catchUp(b *testing.B, c *pgtest.Cluster, rows, perTxn int, publish bool) {
 		}
 		ctx, cancel = context.WithCancel(context.Background())
 		go func() { done <- r.Run(ctx) }()
-		var pub *fanout.Publisher
+		var pub *publish.Publisher
 		pubDone := make(chan struct{})
 		if publish {
 			ns := natstest.Start(b)
-			nc, err := fanout.ConnectNATS(fanout.NATSConfig{URL: ns.URL()})
+			nc, err := bus.ConnectNATS(bus.NATSConfig{URL: ns.URL()})
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer nc.Close()
-			pub = fanout.NewPublisher(fanout.PublisherConfig{}, j, nc)
+			pub = publish.New(publish.Config{}, j, nc)
 			go func() { pub.Run(ctx); close(pubDone) }()
 		} else {
 			close(pubDone)

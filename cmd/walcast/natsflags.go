@@ -3,12 +3,12 @@ package main
 import (
 	"github.com/spf13/cobra"
 
-	"github.com/walcast/walcast/fanout"
+	"github.com/walcast/walcast/fanout/bus"
 )
 
 // natsFlags are the NATS connection flags shared by run, sync and tail.
 type natsFlags struct {
-	cfg fanout.NATSConfig
+	cfg bus.NATSConfig
 }
 
 func (n *natsFlags) register(cmd *cobra.Command, urlHelp string) {

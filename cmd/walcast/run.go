@@ -10,7 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/walcast/walcast/fanout"
+	"github.com/walcast/walcast/fanout/bus"
+	"github.com/walcast/walcast/fanout/publish"
 	"github.com/walcast/walcast/internal/telemetry"
 	"github.com/walcast/walcast/journal"
 	"github.com/walcast/walcast/replication"
@@ -109,7 +110,7 @@ type runSetup struct {
 	retention     journal.Retention
 	pruneEvery    time.Duration
 	preflight     bool
-	nats          fanout.NATSConfig
+	nats          bus.NATSConfig
 	embeddedNATS  string
 	embeddedStore string
 	prefix        string
@@ -185,7 +186,7 @@ func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
 	}()
 	r.SetTracerProvider(tracing.TracerProvider())
 	if s.nats.URL == "" {
-		emb, err := fanout.StartEmbeddedNATS(s.embeddedNATS, s.embeddedStore)
+		emb, err := bus.StartEmbeddedNATS(s.embeddedNATS, s.embeddedStore)
 		if err != nil {
 			return withCode(exitUsage, err)
 		}
@@ -193,12 +194,12 @@ func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
 		s.nats.URL = emb.URL()
 		log.Info("embedded NATS server listening", "url", emb.URL(), "jetstream", s.embeddedStore != "")
 	}
-	nc, err := fanout.ConnectNATS(s.nats)
+	nc, err := bus.ConnectNATS(s.nats)
 	if err != nil {
 		return withCode(exitUsage, err)
 	}
 	defer nc.Close()
-	pub := fanout.NewPublisher(fanout.PublisherConfig{Prefix: s.prefix, Logger: log}, j, nc)
+	pub := publish.New(publish.Config{Prefix: s.prefix, Logger: log}, j, nc)
 	if err := pub.RegisterMetrics(metrics.Meter("walcast/publish")); err != nil {
 		return withCode(exitFailed, err)
 	}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/walcast/walcast/fanout"
+	syncnode "github.com/walcast/walcast/fanout/sync"
 	"github.com/walcast/walcast/internal/telemetry"
 	"github.com/walcast/walcast/journal"
 )
@@ -35,7 +35,7 @@ type syncFlags struct {
 	tlsCert         string
 	tlsKey          string
 	origins         []string
-	cfg             fanout.SyncConfig
+	cfg             syncnode.Config
 	logs            logFlags
 }
 
@@ -73,15 +73,15 @@ Exit status: 0 after a clean stop (SIGINT/SIGTERM), 1 when the node fails,
 	f.StringVar(&sf.cursorSecret, "cursor-secret", "", "HMAC secret of cursors, the same on every node (required; prefer the environment variable)")
 	f.StringSliceVar(&sf.previousSecrets, "previous-cursor-secrets", nil, "rotated-out cursor secrets: their cursors get a resync instead of an error")
 	f.StringVar(&sf.prefix, "subject-prefix", "walcast", "NATS subject prefix")
-	f.IntVar(&sf.cfg.MaxBufferedBytes, "max-buffered-bytes", fanout.DefaultMaxBufferedBytes, "bytes queued per socket before frames are dropped")
-	f.IntVar(&sf.cfg.MaxDroppedFrames, "max-dropped-frames", fanout.DefaultMaxDroppedFrames, "drops within 10 s beyond which a socket is closed (1013)")
-	f.DurationVar(&sf.cfg.IdleTimeout, "idle-timeout", fanout.DefaultIdleTimeout, "close sockets that send nothing for this long (1001)")
+	f.IntVar(&sf.cfg.MaxBufferedBytes, "max-buffered-bytes", syncnode.DefaultMaxBufferedBytes, "bytes queued per socket before frames are dropped")
+	f.IntVar(&sf.cfg.MaxDroppedFrames, "max-dropped-frames", syncnode.DefaultMaxDroppedFrames, "drops within 10 s beyond which a socket is closed (1013)")
+	f.DurationVar(&sf.cfg.IdleTimeout, "idle-timeout", syncnode.DefaultIdleTimeout, "close sockets that send nothing for this long (1001)")
 	f.IntVar(&sf.cfg.MaxConnections, "max-connections", 0, "open sockets beyond which upgrades get 503 (0: unlimited)")
 	f.Float64Var(&sf.cfg.AcceptRate, "accept-rate", 500, "new connections per second before 503 with Retry-After (0: unlimited)")
 	f.IntVar(&sf.cfg.AcceptBurst, "accept-burst", 1000, "burst of new connections above --accept-rate")
-	f.Float64Var(&sf.cfg.InboundRate, "inbound-rate", fanout.DefaultInboundRate, "frames per second a client may send (a flood closes with 1008)")
-	f.IntVar(&sf.cfg.InboundBurst, "inbound-burst", fanout.DefaultInboundBurst, "burst of client frames above --inbound-rate")
-	f.IntVar(&sf.cfg.MaxFrameBytes, "max-frame-bytes", fanout.DefaultMaxFrameBytes, "largest frame a client may send (larger closes with 1008)")
+	f.Float64Var(&sf.cfg.InboundRate, "inbound-rate", syncnode.DefaultInboundRate, "frames per second a client may send (a flood closes with 1008)")
+	f.IntVar(&sf.cfg.InboundBurst, "inbound-burst", syncnode.DefaultInboundBurst, "burst of client frames above --inbound-rate")
+	f.IntVar(&sf.cfg.MaxFrameBytes, "max-frame-bytes", syncnode.DefaultMaxFrameBytes, "largest frame a client may send (larger closes with 1008)")
 	f.StringVar(&sf.tlsCert, "tls-cert-file", "", "serve HTTPS/WSS with this certificate (with --tls-key-file)")
 	f.StringVar(&sf.tlsKey, "tls-key-file", "", "key of --tls-cert-file")
 	f.StringSliceVar(&sf.origins, "allowed-origins", nil, "browser origins allowed at the upgrade (\"*\" for any; default: same host or none)")
@@ -90,12 +90,12 @@ Exit status: 0 after a clean stop (SIGINT/SIGTERM), 1 when the node fails,
 }
 
 // syncAuth builds the authenticator from exactly one of the JWT flags.
-func syncAuth(sf *syncFlags) (*fanout.Authenticator, error) {
+func syncAuth(sf *syncFlags) (*syncnode.Authenticator, error) {
 	switch {
 	case sf.jwtSecret != "" && sf.jwtPublicKey != "":
 		return nil, usageErrorf("sync: give --jwt-secret or --jwt-public-key-file, not both")
 	case sf.jwtSecret != "":
-		a, err := fanout.NewHMACAuth([]byte(sf.jwtSecret))
+		a, err := syncnode.NewHMACAuth([]byte(sf.jwtSecret))
 		if err != nil {
 			return nil, withCode(exitUsage, err)
 		}
@@ -105,7 +105,7 @@ func syncAuth(sf *syncFlags) (*fanout.Authenticator, error) {
 		if err != nil {
 			return nil, usageErrorf("sync: --jwt-public-key-file: %v", err)
 		}
-		a, err := fanout.NewPublicKeyAuth(pem)
+		a, err := syncnode.NewPublicKeyAuth(pem)
 		if err != nil {
 			return nil, withCode(exitUsage, err)
 		}
@@ -158,7 +158,7 @@ func runSync(ctx context.Context, log *slog.Logger, sf *syncFlags) error {
 	cfg.Journal, cfg.Auth, cfg.SubjectPrefix, cfg.Logger = j, auth, sf.prefix, log
 	cfg.AllowedOrigins = sf.origins
 	cfg.Meter = metrics.Meter("walcast/sync")
-	node, err := fanout.OpenSyncNode(ctx, cfg)
+	node, err := syncnode.Open(ctx, cfg)
 	if err != nil {
 		return withCode(exitUsage, err)
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
-	"github.com/walcast/walcast/fanout"
+	"github.com/walcast/walcast/fanout/bus"
 	"github.com/walcast/walcast/fanout/client"
 	"github.com/walcast/walcast/journal"
 )
@@ -154,8 +154,8 @@ func finish(err error) error {
 	return withCode(exitFailed, err)
 }
 
-func tailNATS(ctx context.Context, cfg fanout.NATSConfig, subject string, p *printer) error {
-	nc, err := fanout.ConnectNATS(cfg)
+func tailNATS(ctx context.Context, cfg bus.NATSConfig, subject string, p *printer) error {
+	nc, err := bus.ConnectNATS(cfg)
 	if err != nil {
 		return withCode(exitUsage, err)
 	}

@@ -1,9 +1,9 @@
-// Package fanout moves journaled changes outward: the publisher reads the
-// journal in seq order and publishes each envelope to NATS, and the sync node
-// turns NATS subjects into WebSocket streams for clients, repairing gaps from
-// the journal. It reads the journal; it never writes changes into it and
-// never touches the replication connection.
-package fanout
+// Package bus is the NATS contract between walcast's publisher
+// (fanout/publish) and its sync nodes (fanout/sync): how subjects are built
+// and escaped, the headers every published change carries, and how walcast
+// connects to NATS (or embeds a server). Both sides import it so they can
+// never disagree; it imports neither, reads no journal and keeps no state.
+package bus
 
 import (
 	"strings"

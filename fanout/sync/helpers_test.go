@@ -1,4 +1,4 @@
-package fanout
+package sync
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,10 +20,13 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/fanout/bus"
 	"github.com/walcast/walcast/internal/natstest"
 	"github.com/walcast/walcast/internal/pgtest"
 	"github.com/walcast/walcast/journal"
 )
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 var (
 	syncTestSecret = []byte("sync-test-cursor-secret-0123456789")
@@ -37,7 +41,7 @@ type syncEnv struct {
 	gen  int64
 	nats *natstest.Server
 	pub  *nats.Conn
-	node *SyncNode
+	node *Node
 	srv  *httptest.Server
 
 	mu        sync.Mutex // guards the following fields
@@ -53,7 +57,7 @@ func syncCtx(t testing.TB) context.Context {
 }
 
 // newSyncEnv starts everything; mod adjusts the node's configuration.
-func newSyncEnv(t testing.TB, mod ...func(*SyncConfig)) *syncEnv {
+func newSyncEnv(t testing.TB, mod ...func(*Config)) *syncEnv {
 	t.Helper()
 	ctx := syncCtx(t)
 	e := &syncEnv{t: t, lsn: 0x1000000}
@@ -76,11 +80,11 @@ func newSyncEnv(t testing.TB, mod ...func(*SyncConfig)) *syncEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := SyncConfig{NATS: NATSConfig{URL: e.nats.URL()}, Journal: e.j, Auth: auth}
+	cfg := Config{NATS: bus.NATSConfig{URL: e.nats.URL()}, Journal: e.j, Auth: auth}
 	for _, f := range mod {
 		f(&cfg)
 	}
-	e.node, err = OpenSyncNode(ctx, cfg)
+	e.node, err = Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +209,7 @@ func (e *syncEnv) commit(rows ...row) []journal.Entry {
 // publishedMsg builds the NATS message of an entry (the publisher's
 // contract).
 func publishedMsg(prefix string, id [16]byte, en journal.Entry) *nats.Msg {
-	m := nats.NewMsg(Subject(prefix, en.Op, en.Entity, en.Tenant, en.Tenant != ""))
+	m := nats.NewMsg(bus.Subject(prefix, en.Op, en.Entity, en.Tenant, en.Tenant != ""))
 	m.Data = en.Envelope
 	m.Header.Set("Nats-Msg-Id", fmt.Sprintf("%x:%d", id, en.Seq))
 	m.Header.Set("Walcast-Seq", strconv.FormatInt(en.Seq, 10))
@@ -428,7 +432,7 @@ func (e *syncEnv) topicLive(entity string, members int) {
 	})
 }
 
-// fakeClock is a SyncClock advanced by hand.
+// fakeClock is a Clock advanced by hand.
 type fakeClock struct {
 	mu      sync.Mutex
 	now     time.Time

@@ -1,4 +1,4 @@
-package fanout
+package sync
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/fanout/bus"
 	"github.com/walcast/walcast/internal/telemetry"
 	"github.com/walcast/walcast/journal"
 )
@@ -76,7 +77,7 @@ func TestSyncMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newSyncEnv(t, func(c *SyncConfig) { c.Meter = m.Meter("walcast/sync") })
+	e := newSyncEnv(t, func(c *Config) { c.Meter = m.Meter("walcast/sync") })
 	c := e.mustDial(token(t, []string{orders}, "", time.Hour))
 	c.sub(orders, "")
 	c.expect("subscribed")
@@ -108,7 +109,7 @@ func TestSyncMetrics(t *testing.T) {
 func TestSyncTwoNodesShareCursors(t *testing.T) {
 	e := newSyncEnv(t)
 	auth, _ := NewHMACAuth(syncJWTSecret)
-	n2, err := OpenSyncNode(syncCtx(t), SyncConfig{NATS: NATSConfig{URL: e.nats.URL()}, Journal: e.j, Auth: auth})
+	n2, err := Open(syncCtx(t), Config{NATS: bus.NATSConfig{URL: e.nats.URL()}, Journal: e.j, Auth: auth})
 	if err != nil {
 		t.Fatal(err)
 	}

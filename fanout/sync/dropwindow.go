@@ -1,4 +1,4 @@
-package fanout
+package sync
 
 import (
 	"math"
@@ -6,9 +6,9 @@ import (
 	"time"
 )
 
-// SyncClock is the time source of the sync node: idle eviction, drop windows
+// Clock is the time source of the sync node: idle eviction, drop windows
 // and token buckets read it, so tests inject a clock they advance by hand.
-type SyncClock interface {
+type Clock interface {
 	Now() time.Time
 	// After behaves as time.After.
 	After(d time.Duration) <-chan time.Time
@@ -68,14 +68,14 @@ func (w *DropWindow) Add(now time.Time) bool {
 type tokenBucket struct {
 	rate  float64
 	burst float64
-	clock SyncClock
+	clock Clock
 
 	mu     sync.Mutex // guards the following fields
 	tokens float64
 	last   time.Time
 }
 
-func newTokenBucket(rate float64, burst int, clock SyncClock) *tokenBucket {
+func newTokenBucket(rate float64, burst int, clock Clock) *tokenBucket {
 	return &tokenBucket{rate: rate, burst: float64(burst), clock: clock, tokens: float64(burst), last: clock.Now()}
 }
 

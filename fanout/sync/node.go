@@ -1,4 +1,13 @@
-package fanout
+// Package sync is the sync node (DESIGN §6), run by `walcast sync`: it
+// authenticates WebSocket clients, subscribes to the bus subjects of the
+// entities they follow, delivers each change once and in order, and repairs
+// gaps from the journal. It reads the journal and never writes it; it never
+// imports fanout/publish (the contract between them is fanout/bus).
+//
+// The package shares its name with the standard library's sync, which its
+// files import as usual: inside this package "sync" is always the standard
+// library.
+package sync
 
 import (
 	"context"
@@ -17,6 +26,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/fanout/bus"
 	"github.com/walcast/walcast/journal"
 )
 
@@ -31,11 +41,11 @@ const (
 	DefaultWriteTimeout     = 10 * time.Second
 )
 
-// SyncConfig configures a SyncNode. Zero values take the defaults above.
-type SyncConfig struct {
+// Config configures a Node. Zero values take the defaults above.
+type Config struct {
 	// NATS says how to reach NATS (URL required). The node owns its
 	// connection.
-	NATS NATSConfig
+	NATS bus.NATSConfig
 	// Journal is where replays and repairs read from; the caller owns it. It
 	// must have a cursor secret.
 	Journal *journal.Journal
@@ -72,7 +82,7 @@ type SyncConfig struct {
 
 	// Clock drives idle eviction, drop windows and token buckets; default
 	// the system clock.
-	Clock SyncClock
+	Clock Clock
 	// Logger receives the node's logs; default discards.
 	Logger *slog.Logger
 	// Meter, when set, gets the node's metrics (DESIGN §8).
@@ -83,7 +93,7 @@ type SyncConfig struct {
 	sndBuf int
 }
 
-func (c *SyncConfig) setDefaults() error {
+func (c *Config) setDefaults() error {
 	if c.NATS.URL == "" {
 		return errors.New("sync: --nats-url is required")
 	}
@@ -126,13 +136,13 @@ func (c *SyncConfig) setDefaults() error {
 	return nil
 }
 
-// SyncNode is a sync node (DESIGN §6): it serves WebSockets at /v1/socket
+// Node is a sync node (DESIGN §6): it serves WebSockets at /v1/socket
 // and journal reads at /v1/changes, subscribes to an entity's NATS subjects
 // while a socket is a member of it, and repairs every gap from the journal.
 //
-// Lock order: SyncNode.mu, then syncTopic.mu, then socket.mu.
-type SyncNode struct {
-	cfg      SyncConfig
+// Lock order: Node.mu, then syncTopic.mu, then socket.mu.
+type Node struct {
+	cfg      Config
 	j        *journal.Journal
 	nc       *nats.Conn
 	log      *slog.Logger
@@ -161,13 +171,13 @@ type SyncNode struct {
 	closed  bool
 }
 
-// OpenSyncNode connects to NATS and starts the node's background work. The
+// Open connects to NATS and starts the node's background work. The
 // node serves nothing until its Handler is mounted; Close stops it.
-func OpenSyncNode(ctx context.Context, cfg SyncConfig) (*SyncNode, error) {
+func Open(ctx context.Context, cfg Config) (*Node, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	n := &SyncNode{cfg: cfg, j: cfg.Journal, log: cfg.Logger, topics: map[string]*syncTopic{}, sockets: map[*socket]struct{}{}}
+	n := &Node{cfg: cfg, j: cfg.Journal, log: cfg.Logger, topics: map[string]*syncTopic{}, sockets: map[*socket]struct{}{}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.reads.n = n
 	if cfg.AcceptRate > 0 {
@@ -190,7 +200,7 @@ func OpenSyncNode(ctx context.Context, cfg SyncConfig) (*SyncNode, error) {
 	if cfg.NATS.Name == "" {
 		cfg.NATS.Name = "walcast sync"
 	}
-	nc, err := ConnectNATS(cfg.NATS,
+	nc, err := bus.ConnectNATS(cfg.NATS,
 		nats.DisconnectErrHandler(func(*nats.Conn, error) {
 			n.natsUp.Store(false)
 			n.log.Warn("NATS disconnected; sockets will be repaired from the journal on reconnect")
@@ -237,7 +247,7 @@ func OpenSyncNode(ctx context.Context, cfg SyncConfig) (*SyncNode, error) {
 
 // Ready reports whether the node can serve: NATS connected and the journal
 // horizon known.
-func (n *SyncNode) Ready() (bool, string) {
+func (n *Node) Ready() (bool, string) {
 	switch {
 	case !n.natsUp.Load():
 		return false, "NATS disconnected"
@@ -250,7 +260,7 @@ func (n *SyncNode) Ready() (bool, string) {
 }
 
 // Handler serves /v1/socket and /v1/changes.
-func (n *SyncNode) Handler() http.Handler {
+func (n *Node) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/socket", n.serveSocket)
 	mux.HandleFunc("GET /v1/changes", n.serveChanges)
@@ -259,7 +269,7 @@ func (n *SyncNode) Handler() http.Handler {
 
 // Close closes every socket with 1001, stops the node's goroutines and
 // closes its NATS connection. It waits for all of them.
-func (n *SyncNode) Close() {
+func (n *Node) Close() {
 	n.mu.Lock()
 	if n.closed {
 		n.mu.Unlock()
@@ -285,7 +295,7 @@ func (n *SyncNode) Close() {
 
 // followHorizon keeps n.horizon at the journal's newest seq: sockets that
 // subscribe without a cursor start there.
-func (n *SyncNode) followHorizon() {
+func (n *Node) followHorizon() {
 	defer n.wg.Done()
 	var after int64 = -1
 	for {
@@ -301,7 +311,7 @@ func (n *SyncNode) followHorizon() {
 
 // sweepIdle closes sockets that have sent nothing for IdleTimeout, and
 // those whose token has expired, checking every max(1 s, IdleTimeout/4).
-func (n *SyncNode) sweepIdle() {
+func (n *Node) sweepIdle() {
 	defer n.wg.Done()
 	every := max(time.Second, n.cfg.IdleTimeout/4)
 	for {
@@ -333,7 +343,7 @@ func (n *SyncNode) sweepIdle() {
 	}
 }
 
-func (n *SyncNode) checkOrigin(r *http.Request) bool {
+func (n *Node) checkOrigin(r *http.Request) bool {
 	origin := r.Header.Get("Origin")
 	if len(n.cfg.AllowedOrigins) == 0 {
 		if origin == "" {
@@ -361,7 +371,7 @@ func sameHost(origin, host string) bool {
 // syncTopic is the node's state for one entity while it has members: its
 // NATS subscription and the entitySeq it last saw.
 type syncTopic struct {
-	n      *SyncNode
+	n      *Node
 	entity string
 	sub    *nats.Subscription
 	ready  chan struct{} // closed once the subscription is active on the server and baselined
@@ -401,7 +411,7 @@ type member struct {
 // join adds m to its entity's topic, subscribing to NATS first if the
 // topic is new, and returns the topic. The subscription is active on the
 // server when join returns.
-func (n *SyncNode) join(ctx context.Context, m *member) (*syncTopic, error) {
+func (n *Node) join(ctx context.Context, m *member) (*syncTopic, error) {
 	for {
 		n.mu.Lock()
 		if n.closed {
@@ -411,7 +421,7 @@ func (n *SyncNode) join(ctx context.Context, m *member) (*syncTopic, error) {
 		t := n.topics[m.topic]
 		if t == nil {
 			t = &syncTopic{n: n, entity: m.topic, members: map[*member]struct{}{}, ready: make(chan struct{})}
-			sub, err := n.nc.Subscribe(EntitySubjects(n.cfg.SubjectPrefix, m.topic), t.onMsg)
+			sub, err := n.nc.Subscribe(bus.EntitySubjects(n.cfg.SubjectPrefix, m.topic), t.onMsg)
 			if err != nil {
 				n.mu.Unlock()
 				return nil, err
@@ -468,7 +478,7 @@ func (n *SyncNode) join(ctx context.Context, m *member) (*syncTopic, error) {
 
 // leave removes m from its topic and unsubscribes the topic when m was its
 // last member.
-func (n *SyncNode) leave(m *member) {
+func (n *Node) leave(m *member) {
 	t := m.t
 	if t == nil {
 		return
@@ -495,17 +505,17 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 	n := t.n
 	n.stats.liveReceived.Add(1)
 	defer n.stats.liveHandled.Add(1)
-	seq, err1 := strconv.ParseInt(msg.Header.Get(HeaderSeq), 10, 64)
-	eseq, err2 := strconv.ParseInt(msg.Header.Get(HeaderEntitySeq), 10, 64)
+	seq, err1 := strconv.ParseInt(msg.Header.Get(bus.HeaderSeq), 10, 64)
+	eseq, err2 := strconv.ParseInt(msg.Header.Get(bus.HeaderEntitySeq), 10, 64)
 	if err1 != nil || err2 != nil {
 		n.warnEvery("headers", "NATS message without walcast headers ignored", "subject", msg.Subject)
 		return
 	}
 	tenant, hasTenant := "", false
-	if v := msg.Header.Values(HeaderTenant); len(v) > 0 {
+	if v := msg.Header.Values(bus.HeaderTenant); len(v) > 0 {
 		tenant, hasTenant = v[0], true
 	}
-	unknown := msg.Header.Get(HeaderTenantUnknown) == "true"
+	unknown := msg.Header.Get(bus.HeaderTenantUnknown) == "true"
 	payload := msg.Data
 
 	t.mu.Lock()
@@ -623,7 +633,7 @@ func (t *syncTopic) repairLocked(cause string) {
 
 // repairAll repairs every topic (after a NATS reconnect: anything published
 // while disconnected was lost to this node).
-func (n *SyncNode) repairAll(cause string) {
+func (n *Node) repairAll(cause string) {
 	n.mu.Lock()
 	topics := make([]*syncTopic, 0, len(n.topics))
 	for _, t := range n.topics {
@@ -640,7 +650,7 @@ func (n *SyncNode) repairAll(cause string) {
 	n.log.Info("repairing all topics from the journal", "cause", cause, "topics", len(topics))
 }
 
-func (n *SyncNode) repairSubject(subject, cause string) {
+func (n *Node) repairSubject(subject, cause string) {
 	n.mu.Lock()
 	var found *syncTopic
 	for _, t := range n.topics {
@@ -660,8 +670,8 @@ func (n *SyncNode) repairSubject(subject, cause string) {
 
 // onResync sends a resync frame to every member of every topic whose
 // position is below the resync entry, and moves it there.
-func (n *SyncNode) onResync(msg *nats.Msg) {
-	seq, err := strconv.ParseInt(msg.Header.Get(HeaderSeq), 10, 64)
+func (n *Node) onResync(msg *nats.Msg) {
+	seq, err := strconv.ParseInt(msg.Header.Get(bus.HeaderSeq), 10, 64)
 	if err != nil {
 		return
 	}
@@ -693,7 +703,7 @@ func (n *SyncNode) onResync(msg *nats.Msg) {
 	}
 }
 
-func (n *SyncNode) resyncFrame(m *member, pos int64) *frame {
+func (n *Node) resyncFrame(m *member, pos int64) *frame {
 	cur, _ := n.j.CursorAt(m.q, pos)
 	return controlFrame("resync", m.topic, cur)
 }
@@ -701,7 +711,7 @@ func (n *SyncNode) resyncFrame(m *member, pos int64) *frame {
 // warnEvery logs a warning that can repeat (per message, per socket) at most
 // once a minute per key, so a failing journal or a bad publisher cannot
 // flood the log.
-func (n *SyncNode) warnEvery(key, msg string, args ...any) {
+func (n *Node) warnEvery(key, msg string, args ...any) {
 	now := time.Now()
 	n.warnMu.Lock()
 	if n.warnedAt == nil {

@@ -1,4 +1,4 @@
-package fanout
+package sync
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 // query (DESIGN §6, storms): every member catching up from the same position
 // in the same scope waits on one read and gets the same encoded frames.
 type sharedReads struct {
-	n *SyncNode
+	n *Node
 
 	mu       sync.Mutex // guards the following field
 	inflight map[readKey]*readCall

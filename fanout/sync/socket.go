@@ -1,4 +1,4 @@
-package fanout
+package sync
 
 import (
 	"context"
@@ -102,7 +102,7 @@ type socketGap struct{ topic, cursor string }
 // it starts the writer and catch-up goroutines on demand and waits for them
 // before returning.
 type socket struct {
-	n      *SyncNode
+	n      *Node
 	conn   *websocket.Conn
 	claims *Claims
 	ctx    context.Context // ends when the socket closes
@@ -129,7 +129,7 @@ type socket struct {
 
 // serveSocket authenticates, applies the admission limits and upgrades, then
 // hands the socket to its reading goroutine.
-func (n *SyncNode) serveSocket(w http.ResponseWriter, r *http.Request) {
+func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
 	if !n.checkOrigin(r) {
 		n.stats.inc(&n.stats.rejected, "origin")
 		http.Error(w, "origin not allowed", http.StatusForbidden)
@@ -369,7 +369,7 @@ func (s *socket) subscribe(topic, cursor string) {
 // Starting a little early is harmless (the client sees a few recent
 // changes); late would lose them, and cannot happen because the catch-up
 // read follows the live subscription.
-func (n *SyncNode) currentHorizon(ctx context.Context, q journal.Query) (int64, error) {
+func (n *Node) currentHorizon(ctx context.Context, q journal.Query) (int64, error) {
 	if n.horizonKnown.Load() {
 		return n.horizon.Load(), nil
 	}

@@ -1,4 +1,4 @@
-package fanout
+package sync
 
 import (
 	"bufio"
@@ -203,7 +203,7 @@ func (bc *benchClients) stop() string {
 }
 
 func benchEnv(b *testing.B, n int) *syncEnv {
-	return newSyncEnv(b, func(c *SyncConfig) {
+	return newSyncEnv(b, func(c *Config) {
 		c.MaxConnections = n + 10
 		c.MaxBufferedBytes = 1 << 20
 		c.IdleTimeout = time.Hour

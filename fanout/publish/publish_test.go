@@ -1,4 +1,4 @@
-package fanout
+package publish
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/fanout/bus"
 	"github.com/walcast/walcast/internal/natstest"
 	"github.com/walcast/walcast/internal/pgtest"
 	"github.com/walcast/walcast/journal"
@@ -80,7 +81,7 @@ func (f *pubFixture) appendTx(changes ...decoder.Change) {
 }
 
 func (f *pubFixture) startPublisher(nc *nats.Conn) (stop func()) {
-	p := NewPublisher(PublisherConfig{}, f.j, nc)
+	p := New(Config{}, f.j, nc)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()
@@ -92,7 +93,7 @@ func (f *pubFixture) startPublisher(nc *nats.Conn) (stop func()) {
 
 func (f *pubFixture) connect() *nats.Conn {
 	f.t.Helper()
-	nc, err := ConnectNATS(NATSConfig{URL: f.ns.URL(), Name: "test"})
+	nc, err := bus.ConnectNATS(bus.NATSConfig{URL: f.ns.URL(), Name: "test"})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -160,17 +161,17 @@ func TestPublishExactlyOnceInOrderWithSubjectsAndHeaders(t *testing.T) {
 	id := f.j.IDHex()
 	for i, m := range msgs {
 		seq := int64(i + 1)
-		if m.Header.Get(HeaderSeq) != strconv.FormatInt(seq, 10) || m.Header.Get(HeaderMsgID) != id+":"+strconv.FormatInt(seq, 10) {
-			t.Fatalf("message %d: seq %q msg id %q", i, m.Header.Get(HeaderSeq), m.Header.Get(HeaderMsgID))
+		if m.Header.Get(bus.HeaderSeq) != strconv.FormatInt(seq, 10) || m.Header.Get(bus.HeaderMsgID) != id+":"+strconv.FormatInt(seq, 10) {
+			t.Fatalf("message %d: seq %q msg id %q", i, m.Header.Get(bus.HeaderSeq), m.Header.Get(bus.HeaderMsgID))
 		}
 		var env decoder.Envelope
 		if err := json.Unmarshal(m.Data, &env); err != nil {
 			t.Fatal(err)
 		}
-		if env.Seq != seq || strconv.FormatInt(env.EntitySeq, 10) != m.Header.Get(HeaderEntitySeq) || env.Entity != m.Header.Get(HeaderEntity) {
+		if env.Seq != seq || strconv.FormatInt(env.EntitySeq, 10) != m.Header.Get(bus.HeaderEntitySeq) || env.Entity != m.Header.Get(bus.HeaderEntity) {
 			t.Fatalf("message %d: envelope %+v does not match headers %v", i, env, m.Header)
 		}
-		if m.Header.Get(HeaderCommitLSN) == "" {
+		if m.Header.Get(bus.HeaderCommitLSN) == "" {
 			t.Fatalf("message %d: no commit LSN header", i)
 		}
 	}
@@ -180,8 +181,8 @@ func TestPublishExactlyOnceInOrderWithSubjectsAndHeaders(t *testing.T) {
 	if strings.Join(subjects, "|") != strings.Join(wantSubjects, "|") {
 		t.Fatalf("subjects\n got %q\nwant %q", subjects, wantSubjects)
 	}
-	if msgs[1].Header.Get(HeaderTenant) != "acme" || msgs[0].Header.Get(HeaderTenant) != "" {
-		t.Fatalf("tenant headers: %q, %q", msgs[0].Header.Get(HeaderTenant), msgs[1].Header.Get(HeaderTenant))
+	if msgs[1].Header.Get(bus.HeaderTenant) != "acme" || msgs[0].Header.Get(bus.HeaderTenant) != "" {
+		t.Fatalf("tenant headers: %q, %q", msgs[0].Header.Get(bus.HeaderTenant), msgs[1].Header.Get(bus.HeaderTenant))
 	}
 	// The hostile subject is delivered to a subscriber of exactly that
 	// entity and nothing else.
@@ -256,14 +257,14 @@ func TestPublisherRestartResumes(t *testing.T) {
 	waitUntil(t, "all published", 20*time.Second, func() bool {
 		seen := map[string]bool{}
 		for _, m := range col.snapshot() {
-			seen[m.Header.Get(HeaderMsgID)] = true
+			seen[m.Header.Get(bus.HeaderMsgID)] = true
 		}
 		return len(seen) == 150
 	})
 	// Every seq arrives in order; any repeat carries the same id as before.
 	last := int64(0)
 	for _, m := range col.snapshot() {
-		seq, _ := strconv.ParseInt(m.Header.Get(HeaderSeq), 10, 64)
+		seq, _ := strconv.ParseInt(m.Header.Get(bus.HeaderSeq), 10, 64)
 		if seq > last+1 {
 			t.Fatalf("gap: seq %d after %d", seq, last)
 		}

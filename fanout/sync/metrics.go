@@ -1,4 +1,4 @@
-package fanout
+package sync
 
 import (
 	"context"
@@ -35,16 +35,16 @@ func (st *syncStats) inc(m *map[string]int64, key string) {
 	st.mu.Unlock()
 }
 
-// SyncStats is a snapshot of a sync node's counters, for tests and logs.
-type SyncStats struct {
+// Stats is a snapshot of a sync node's counters, for tests and logs.
+type Stats struct {
 	SocketsOpen, FramesSent, FramesDropped, ReplayGaps int64
 	Closed, Rejected, Repairs                          map[string]int64
 }
 
 // Stats returns a snapshot of the node's counters.
-func (n *SyncNode) Stats() SyncStats {
+func (n *Node) Stats() Stats {
 	st := &n.stats
-	out := SyncStats{SocketsOpen: st.socketsOpen.Load(), FramesSent: st.framesSent.Load(),
+	out := Stats{SocketsOpen: st.socketsOpen.Load(), FramesSent: st.framesSent.Load(),
 		FramesDropped: st.framesDropped.Load(), ReplayGaps: st.replayGaps.Load(),
 		Closed: map[string]int64{}, Rejected: map[string]int64{}, Repairs: map[string]int64{}}
 	st.mu.Lock()
@@ -62,7 +62,7 @@ func (n *SyncNode) Stats() SyncStats {
 }
 
 // registerSyncMetrics exposes the counters (DESIGN §8).
-func registerSyncMetrics(meter metric.Meter, n *SyncNode) (metric.Registration, error) {
+func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, error) {
 	open, err := meter.Int64ObservableUpDownCounter("walcast.sync.sockets.open",
 		metric.WithDescription("WebSocket connections currently open"))
 	if err != nil {

@@ -1,4 +1,4 @@
-package fanout
+package sync
 
 import (
 	"context"
@@ -51,7 +51,7 @@ func collect(t *testing.T, c *client.Client, n int) []int64 {
 // and sends a replay-gap, the client resubscribes with its cursor, and the
 // application ends with every change once, in order.
 func TestClientFollowsReplayGap(t *testing.T) {
-	e := newSyncEnv(t, func(c *SyncConfig) {
+	e := newSyncEnv(t, func(c *Config) {
 		c.MaxBufferedBytes = 16 << 10
 		c.MaxDroppedFrames = 100000
 		c.sndBuf = 4096

@@ -1,4 +1,9 @@
-package fanout
+// Package publish is the journal → NATS half of fanout, run inside
+// `walcast run`: it reads journaled envelopes in seq order and publishes
+// each one on its bus subject with the bus headers. It reads the journal and
+// records only its published position there; it never serves clients and
+// never imports fanout/sync.
+package publish
 
 import (
 	"bytes"
@@ -19,24 +24,13 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/fanout/bus"
 	"github.com/walcast/walcast/internal/backoff"
 	"github.com/walcast/walcast/journal"
 )
 
-// NATS headers set on every published change. Nats-Msg-Id makes a JetStream
-// stream bound to the subjects drop republished copies.
-const (
-	HeaderMsgID         = "Nats-Msg-Id"            // <journal id hex>:<seq>
-	HeaderSeq           = "Walcast-Seq"            // journal seq
-	HeaderEntitySeq     = "Walcast-Entity-Seq"     // per-entity sequence
-	HeaderEntity        = "Walcast-Entity"         // envelope entity
-	HeaderCommitLSN     = "Walcast-Commit-Lsn"     // X/X
-	HeaderTenant        = "Walcast-Tenant"         // only when the change has a tenant
-	HeaderTenantUnknown = "Walcast-Tenant-Unknown" // "true" only for a tenant-unknown change
-)
-
-// PublisherConfig configures a Publisher. Zero fields take the defaults noted.
-type PublisherConfig struct {
+// Config configures a Publisher. Zero fields take the defaults noted.
+type Config struct {
 	Prefix string // subject prefix; default "walcast"
 	// BatchSize is the most entries read and published before one flush and
 	// one published-position update; default 1000.
@@ -61,7 +55,7 @@ type PublisherConfig struct {
 // (flush), so a restart republishes at most the last unacknowledged batch,
 // with the same Nats-Msg-Id.
 type Publisher struct {
-	cfg PublisherConfig
+	cfg Config
 	j   *journal.Journal
 	nc  *nats.Conn
 	log *slog.Logger
@@ -87,11 +81,11 @@ const spanPublish = "walcast.nats.publish"
 // a span from tp (attributes walcast.entries, walcast.seq.first,
 // walcast.seq.last). Call it before Run; without it nothing is traced.
 func (p *Publisher) SetTracerProvider(tp trace.TracerProvider) {
-	p.tracer = tp.Tracer("github.com/walcast/walcast/fanout")
+	p.tracer = tp.Tracer("github.com/walcast/walcast/fanout/publish")
 }
 
 // Published returns the envelopes published so far by entity and op
-// (republished copies included, like PublisherStats.Messages).
+// (republished copies included, like Stats.Messages).
 func (p *Publisher) Published() *decoder.Counters { return p.byEntity }
 
 // countPublished counts one published entry by entity and op. Entities are
@@ -112,8 +106,8 @@ func (p *Publisher) countPublished(e *journal.Entry) {
 	ec.Add(e.Op, 1)
 }
 
-// NewPublisher returns a publisher of j's entries on nc.
-func NewPublisher(cfg PublisherConfig, j *journal.Journal, nc *nats.Conn) *Publisher {
+// New returns a publisher of j's entries on nc.
+func New(cfg Config, j *journal.Journal, nc *nats.Conn) *Publisher {
 	if cfg.Prefix == "" {
 		cfg.Prefix = "walcast"
 	}
@@ -133,8 +127,8 @@ func NewPublisher(cfg PublisherConfig, j *journal.Journal, nc *nats.Conn) *Publi
 		byEntity: decoder.NewCounters(), counts: map[string]*decoder.EntityCounters{}, tracer: noop.Tracer{}}
 }
 
-// PublisherStats are the publisher's counters.
-type PublisherStats struct {
+// Stats are the publisher's counters.
+type Stats struct {
 	Published int64  // last seq handed to NATS
 	Horizon   int64  // journal horizon at the last read
 	Messages  uint64 // messages published (including republished ones)
@@ -142,8 +136,8 @@ type PublisherStats struct {
 }
 
 // Stats returns the publisher's counters.
-func (p *Publisher) Stats() PublisherStats {
-	return PublisherStats{Published: p.published.Load(), Horizon: p.horizon.Load(),
+func (p *Publisher) Stats() Stats {
+	return Stats{Published: p.published.Load(), Horizon: p.horizon.Load(),
 		Messages: p.count.Load(), Oversize: p.oversize.Load()}
 }
 
@@ -300,17 +294,17 @@ func (p *Publisher) record(ctx context.Context, seq int64) error {
 // message builds the NATS message of an entry. An envelope larger than max
 // goes out as a reference envelope without row data.
 func (p *Publisher) message(e *journal.Entry, max int) (*nats.Msg, bool, error) {
-	m := nats.NewMsg(Subject(p.cfg.Prefix, e.Op, e.Entity, e.Tenant, e.Tenant != ""))
-	m.Header.Set(HeaderMsgID, p.id+":"+strconv.FormatInt(e.Seq, 10))
-	m.Header.Set(HeaderSeq, strconv.FormatInt(e.Seq, 10))
-	m.Header.Set(HeaderEntitySeq, strconv.FormatInt(e.EntitySeq, 10))
-	m.Header.Set(HeaderEntity, e.Entity)
-	m.Header.Set(HeaderCommitLSN, e.CommitLSN.String())
+	m := nats.NewMsg(bus.Subject(p.cfg.Prefix, e.Op, e.Entity, e.Tenant, e.Tenant != ""))
+	m.Header.Set(bus.HeaderMsgID, p.id+":"+strconv.FormatInt(e.Seq, 10))
+	m.Header.Set(bus.HeaderSeq, strconv.FormatInt(e.Seq, 10))
+	m.Header.Set(bus.HeaderEntitySeq, strconv.FormatInt(e.EntitySeq, 10))
+	m.Header.Set(bus.HeaderEntity, e.Entity)
+	m.Header.Set(bus.HeaderCommitLSN, e.CommitLSN.String())
 	if e.Tenant != "" {
-		m.Header.Set(HeaderTenant, e.Tenant)
+		m.Header.Set(bus.HeaderTenant, e.Tenant)
 	}
 	if e.TenantUnknown {
-		m.Header.Set(HeaderTenantUnknown, "true")
+		m.Header.Set(bus.HeaderTenantUnknown, "true")
 	}
 	m.Data = e.Envelope
 	// Headers and subject count against the payload limit too; leave them

@@ -1,4 +1,4 @@
-package fanout
+package sync
 
 import (
 	"encoding/json"
@@ -143,7 +143,7 @@ func TestSyncReplayRacesLive(t *testing.T) {
 }
 
 func TestSyncSlowConsumerReplayGap(t *testing.T) {
-	e := newSyncEnv(t, func(c *SyncConfig) {
+	e := newSyncEnv(t, func(c *Config) {
 		c.MaxBufferedBytes = 16 << 10
 		c.MaxDroppedFrames = 100000
 		c.sndBuf = 4096
@@ -225,7 +225,7 @@ func sum(m map[string][]int64) int {
 }
 
 func TestSyncBackpressureCloses1013(t *testing.T) {
-	e := newSyncEnv(t, func(c *SyncConfig) {
+	e := newSyncEnv(t, func(c *Config) {
 		c.MaxBufferedBytes = 8 << 10
 		c.MaxDroppedFrames = 3
 		c.sndBuf = 4096
@@ -285,7 +285,7 @@ func TestDropWindow(t *testing.T) {
 // more than 10 s never close it.
 func TestSyncDropsSpreadOutDoNotClose(t *testing.T) {
 	clock := newFakeClock()
-	e := newSyncEnv(t, func(c *SyncConfig) {
+	e := newSyncEnv(t, func(c *Config) {
 		c.MaxBufferedBytes = 8 << 10
 		c.MaxDroppedFrames = 2
 		c.sndBuf = 4096
@@ -549,7 +549,7 @@ func TestSyncTruncateAndResync(t *testing.T) {
 
 func TestSyncIdleEviction(t *testing.T) {
 	clock := newFakeClock()
-	e := newSyncEnv(t, func(c *SyncConfig) {
+	e := newSyncEnv(t, func(c *Config) {
 		c.Clock = clock
 		c.IdleTimeout = 8 * time.Second
 	})
@@ -577,7 +577,7 @@ func TestSyncIdleEviction(t *testing.T) {
 // A socket does not outlive its token.
 func TestSyncTokenExpiryClosesSocket(t *testing.T) {
 	clock := newFakeClock()
-	e := newSyncEnv(t, func(c *SyncConfig) {
+	e := newSyncEnv(t, func(c *Config) {
 		c.Clock = clock
 		c.IdleTimeout = 24 * time.Hour
 	})
@@ -598,7 +598,7 @@ func TestSyncTokenExpiryClosesSocket(t *testing.T) {
 
 func TestSyncPolicyViolations(t *testing.T) {
 	clock := newFakeClock()
-	e := newSyncEnv(t, func(c *SyncConfig) {
+	e := newSyncEnv(t, func(c *Config) {
 		c.Clock = clock
 		c.InboundRate = 10
 		c.InboundBurst = 20
@@ -640,7 +640,7 @@ func TestSyncPolicyViolations(t *testing.T) {
 
 func TestSyncAdmission(t *testing.T) {
 	clock := newFakeClock()
-	e := newSyncEnv(t, func(c *SyncConfig) {
+	e := newSyncEnv(t, func(c *Config) {
 		c.MaxConnections = 2
 		c.AcceptRate = 1
 		c.AcceptBurst = 3

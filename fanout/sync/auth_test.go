@@ -1,4 +1,4 @@
-package fanout
+package sync
 
 import (
 	"crypto/ecdsa"
