@@ -7,7 +7,7 @@ import (
 )
 
 // ops lists the operations Counters counts, in index order.
-var ops = [...]Op{OpInsert, OpUpdate, OpDelete, OpTruncate, OpMessage, OpResync}
+var ops = [...]Op{OpInsert, OpUpdate, OpDelete, OpTruncate, OpMessage, OpResync, OpQuarantine}
 
 // opIndex maps an Op to its slot in EntityCounters; -1 for an unknown one.
 func opIndex(op Op) int {
@@ -24,6 +24,8 @@ func opIndex(op Op) int {
 		return 4
 	case OpResync:
 		return 5
+	case OpQuarantine:
+		return 6
 	}
 	return -1
 }

@@ -25,6 +25,10 @@ type Config struct {
 	// buffer capacity can make the heap in use up to about twice that.
 	// Committed transactions are not counted: they belong to the caller.
 	MemoryBudget int64
+	// MaxEnvelopeBytes bounds one change's envelope; a larger one is
+	// journaled as a quarantine entry (see Quarantine). Default
+	// DefaultMaxEnvelopeBytes.
+	MaxEnvelopeBytes int
 	// SpillDir is where spill files are created. Default os.TempDir().
 	SpillDir string
 	// Counters counts decoded changes by entity and op (DESIGN §8), for
@@ -34,6 +38,9 @@ type Config struct {
 	// that later abort; changes of journal tables and messages of
 	// other prefixes, which are dropped, are not.
 	Counters *Counters
+	// OnQuarantine, when set, is called with the reason of every change the
+	// decoder replaces by a quarantine entry (for metrics; it must not block).
+	OnQuarantine func(reason string)
 	// Now stamps the commitTime of non-transactional logical messages, which
 	// belong to no commit. Default time.Now.
 	Now func() time.Time
@@ -88,6 +95,7 @@ type Stats struct {
 	Committed    uint64 // transactions committed
 	Aborted      uint64 // streamed transactions aborted
 	Spilled      uint64 // transactions moved to a spill file
+	Quarantined  uint64 // changes replaced by quarantine entries (see Quarantine)
 	BufferedHigh int64  // high-water mark of in-memory change bytes
 }
 
@@ -98,6 +106,9 @@ func New(cfg Config) *Decoder {
 	}
 	if cfg.MemoryBudget <= 0 {
 		cfg.MemoryBudget = defaultMemoryBudget
+	}
+	if cfg.MaxEnvelopeBytes <= 0 {
+		cfg.MaxEnvelopeBytes = DefaultMaxEnvelopeBytes
 	}
 	if cfg.SpillDir == "" {
 		cfg.SpillDir = os.TempDir()

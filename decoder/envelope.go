@@ -166,6 +166,9 @@ type Envelope struct {
 	Tenant        string          `json:"tenant,omitempty"`
 	TenantUnknown bool            `json:"tenantUnknown,omitempty"`
 	Oversize      bool            `json:"oversize,omitempty"`
+	// Quarantine describes a change walcast could not carry as-is (op
+	// "quarantine"); see Quarantine.
+	Quarantine *Quarantine `json:"quarantine,omitempty"`
 }
 
 // TruncateInfo carries the options of a TRUNCATE.

@@ -14,9 +14,10 @@ const (
 	opDelete
 	opTruncate
 	opMessage
+	opQuarantine // never an index into EntityCounters: count with Add(OpQuarantine)
 )
 
-var opNames = [...]Op{opInsert: OpInsert, opUpdate: OpUpdate, opDelete: OpDelete, opTruncate: OpTruncate, opMessage: OpMessage}
+var opNames = [...]Op{opInsert: OpInsert, opUpdate: OpUpdate, opDelete: OpDelete, opTruncate: OpTruncate, opMessage: OpMessage, opQuarantine: OpQuarantine}
 
 // rec is one buffered change. Its tail — the envelope from `,"entity":` to
 // the closing brace — lives in the transaction's arena (or its spill file);
