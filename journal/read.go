@@ -47,7 +47,11 @@ type Entry struct {
 	Seq           int64
 	Entity        string
 	EntitySeq     int64
-	Tenant        string // empty when the row has no tenant
+	// Tenant is the row's tenant when HasTenant; HasTenant is false for a row
+	// with no tenant (SQL NULL), so an empty-string tenant ("" with
+	// HasTenant) stays distinct from none, as in the journal's column.
+	Tenant        string
+	HasTenant     bool
 	TenantUnknown bool
 	Op            decoder.Op
 	LSN           decoder.LSN
@@ -294,7 +298,7 @@ func (c *entryCols) entry() (Entry, bool) {
 	e := Entry{Seq: *c.seq, Entity: *c.entity, EntitySeq: *c.entitySeq, TenantUnknown: *c.unknown, Op: decoder.Op(*c.op),
 		LSN: decoder.LSN(*c.lsn), CommitLSN: decoder.LSN(*c.commitLSN), CommitTime: *c.commitTime, Envelope: c.env}
 	if c.tenant != nil {
-		e.Tenant = *c.tenant
+		e.Tenant, e.HasTenant = *c.tenant, true
 	}
 	return e, true
 }

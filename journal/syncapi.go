@@ -84,7 +84,7 @@ func (j *Journal) EntryAt(ctx context.Context, seq int64) (Entry, error) {
 		return Entry{}, opErr(op, err, "")
 	}
 	if tenant != nil {
-		e.Tenant = *tenant
+		e.Tenant, e.HasTenant = *tenant, true
 	}
 	e.Op, e.LSN, e.CommitLSN, e.Envelope = decoder.Op(opv), decoder.LSN(lsn), decoder.LSN(clsn), []byte(envelope)
 	return e, nil

@@ -2,12 +2,23 @@ package bus
 
 // NATS headers set on every published change. Nats-Msg-Id makes a JetStream
 // stream bound to the subjects drop republished copies.
+//
+// Headers are informational except for the sequence numbers: nats.go trims
+// header values (leading and trailing spaces, CR and LF), so a consumer must
+// never route on Walcast-Tenant or Walcast-Entity. The tenant a change is
+// delivered under is its subject's tenant token (TenantOf, TenantToken),
+// exact for every value. Walcast-Entity and Walcast-Tenant are left out when
+// the value is longer than MaxHeaderValueBytes (the envelope and the subject
+// carry it), so headers never push a message past the server's max payload.
 const (
 	HeaderMsgID         = "Nats-Msg-Id"            // <journal id hex>:<seq>
 	HeaderSeq           = "Walcast-Seq"            // journal seq
 	HeaderEntitySeq     = "Walcast-Entity-Seq"     // per-entity sequence
-	HeaderEntity        = "Walcast-Entity"         // envelope entity
+	HeaderEntity        = "Walcast-Entity"         // envelope entity, when at most MaxHeaderValueBytes
 	HeaderCommitLSN     = "Walcast-Commit-Lsn"     // X/X
-	HeaderTenant        = "Walcast-Tenant"         // only when the change has a tenant
+	HeaderTenant        = "Walcast-Tenant"         // the change's tenant (possibly ""), when it has one of at most MaxHeaderValueBytes
 	HeaderTenantUnknown = "Walcast-Tenant-Unknown" // "true" only for a tenant-unknown change
 )
+
+// MaxHeaderValueBytes bounds the Walcast-Entity and Walcast-Tenant values.
+const MaxHeaderValueBytes = 1024

@@ -67,3 +67,60 @@ func TestSubjects(t *testing.T) {
 		t.Errorf("EntitySubjects = %q", got)
 	}
 }
+
+// TestTokensBounded: a name whose escaped form passes MaxTokenBytes becomes
+// "~" + hex SHA-256, which no escaped name can equal; every subject stays
+// within MaxSubjectBytes.
+func TestTokensBounded(t *testing.T) {
+	long := strings.Repeat("ü", 5000)
+	tok := Token(long)
+	if !IsHashedToken(tok) || len(tok) != 65 || strings.ContainsAny(tok, ".*> %") {
+		t.Fatalf("Token(long) = %q", tok)
+	}
+	if Token(long) != tok || Token(long+"x") == tok {
+		t.Fatal("hashed tokens are not a function of the name")
+	}
+	// '~' is escaped, so an escaped name never starts like a hashed token.
+	if got := Token(tok); got == tok || IsHashedToken(got) {
+		t.Fatalf("Token(%q) = %q collides with a hashed token", tok, got)
+	}
+	if _, ok := UnescapeToken(tok); ok {
+		t.Fatal("UnescapeToken accepted a hashed token")
+	}
+	// At the boundary: 192 escaped bytes stay escaped, 193 are hashed.
+	if got := Token(strings.Repeat("a", MaxTokenBytes)); got != strings.Repeat("a", MaxTokenBytes) {
+		t.Fatalf("a token of MaxTokenBytes was hashed: %q", got)
+	}
+	if got := Token(strings.Repeat(".", MaxTokenBytes/3) + "a"); !IsHashedToken(got) {
+		t.Fatalf("a %d-byte escaped token was kept", len(EscapeToken(strings.Repeat(".", MaxTokenBytes/3)+"a")))
+	}
+	// An identifier of PostgreSQL's maximum length, all multi-byte, is kept.
+	if got := Token(strings.Repeat("é", 31) + "x"); IsHashedToken(got) {
+		t.Fatal("a 63-byte identifier was hashed")
+	}
+	prefix := strings.Repeat("p", MaxPrefixBytes)
+	if err := CheckPrefix(prefix); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"", prefix + "p", "a..b", ".a", "a b", "a.*", "a.>"} {
+		if CheckPrefix(bad) == nil {
+			t.Errorf("CheckPrefix(%q) accepted", bad)
+		}
+	}
+	huge := strings.Repeat("\x00", 1<<16)
+	for _, s := range []string{
+		Subject(prefix, decoder.OpInsert, decoder.EntityName(huge, huge), huge, true),
+		Subject(prefix, decoder.OpMessage, huge, "", false),
+		EntitySubjects(prefix, decoder.EntityName(huge, huge)),
+	} {
+		if len(s) > MaxSubjectBytes+2 || strings.Count(s, ".") > 4 {
+			t.Errorf("subject of %d bytes: %.100q", len(s), s)
+		}
+	}
+	if TenantToken("", false) != NoTenantToken || TenantToken("", true) != "%" || TenantToken("_", true) != "%5F" {
+		t.Fatal("no tenant, empty tenant and \"_\" must be three tokens")
+	}
+	if TenantToken("acme ", true) == TenantToken("acme", true) {
+		t.Fatal("a trailing space must change the tenant token")
+	}
+}

@@ -143,7 +143,13 @@ func (p *Publisher) Stats() Stats {
 
 // Run publishes until ctx ends, then returns nil. Errors (NATS down, journal
 // unreachable) are logged once per failure streak and retried with backoff.
+//
+// It fails at once, before publishing anything, when the subject prefix is
+// invalid (bus.CheckPrefix).
 func (p *Publisher) Run(ctx context.Context) error {
+	if err := bus.CheckPrefix(p.cfg.Prefix); err != nil {
+		return fmt.Errorf("publish: %w", err)
+	}
 	bo := backoff.New(200*time.Millisecond, 10*time.Second)
 	var pos int64
 	loaded := false
@@ -292,15 +298,20 @@ func (p *Publisher) record(ctx context.Context, seq int64) error {
 }
 
 // message builds the NATS message of an entry. An envelope larger than max
-// goes out as a reference envelope without row data.
+// goes out as a reference envelope without row data; one whose reference
+// is still too large (huge names) as a minimal reference. Subject and
+// headers are bounded (fanout/bus), so every entry yields a message the
+// server takes and no entry can stall the publisher.
 func (p *Publisher) message(e *journal.Entry, max int) (*nats.Msg, bool, error) {
-	m := nats.NewMsg(bus.Subject(p.cfg.Prefix, e.Op, e.Entity, e.Tenant, e.Tenant != ""))
+	m := nats.NewMsg(bus.Subject(p.cfg.Prefix, e.Op, e.Entity, e.Tenant, e.HasTenant))
 	m.Header.Set(bus.HeaderMsgID, p.id+":"+strconv.FormatInt(e.Seq, 10))
 	m.Header.Set(bus.HeaderSeq, strconv.FormatInt(e.Seq, 10))
 	m.Header.Set(bus.HeaderEntitySeq, strconv.FormatInt(e.EntitySeq, 10))
-	m.Header.Set(bus.HeaderEntity, e.Entity)
+	if len(e.Entity) <= bus.MaxHeaderValueBytes {
+		m.Header.Set(bus.HeaderEntity, e.Entity)
+	}
 	m.Header.Set(bus.HeaderCommitLSN, e.CommitLSN.String())
-	if e.Tenant != "" {
+	if e.HasTenant && len(e.Tenant) <= bus.MaxHeaderValueBytes {
 		m.Header.Set(bus.HeaderTenant, e.Tenant)
 	}
 	if e.TenantUnknown {
@@ -309,12 +320,18 @@ func (p *Publisher) message(e *journal.Entry, max int) (*nats.Msg, bool, error) 
 	m.Data = e.Envelope
 	// Headers and subject count against the payload limit too; leave them
 	// room.
-	if len(m.Data)+len(m.Subject)+headerSize(m.Header) <= max {
+	room := max - len(m.Subject) - headerSize(m.Header)
+	if len(m.Data) <= room {
 		return m, false, nil
 	}
-	ref, err := referenceEnvelope(e.Envelope)
+	ref, err := referenceEnvelope(e.Envelope, false)
 	if err != nil {
 		return nil, false, fmt.Errorf("seq %d: %w", e.Seq, err)
+	}
+	if len(ref) > room {
+		if ref, err = referenceEnvelope(e.Envelope, true); err != nil {
+			return nil, false, fmt.Errorf("seq %d: %w", e.Seq, err)
+		}
 	}
 	m.Data = ref
 	return m, true, nil
@@ -331,11 +348,22 @@ func headerSize(h nats.Header) int {
 }
 
 // referenceEnvelope drops the row data of an envelope and marks it oversize;
-// readers fetch the full entry from the journal by seq.
-func referenceEnvelope(env []byte) ([]byte, error) {
+// readers fetch the full entry from the journal by seq. minimal keeps only
+// the envelope's positions and op (no names, which can be as large as the
+// data), for an envelope whose reference would still not fit.
+func referenceEnvelope(env []byte, minimal bool) ([]byte, error) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(env, &fields); err != nil {
 		return nil, fmt.Errorf("journaled envelope is not a JSON object: %w", err)
+	}
+	if minimal {
+		for k := range fields {
+			switch k {
+			case "seq", "entitySeq", "lsn", "commitLsn", "xid", "commitTime", "op":
+			default:
+				delete(fields, k)
+			}
+		}
 	}
 	for _, k := range []string{"before", "after", "key", "unchanged", "content"} {
 		delete(fields, k)

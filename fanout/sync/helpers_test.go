@@ -209,14 +209,14 @@ func (e *syncEnv) commit(rows ...row) []journal.Entry {
 // publishedMsg builds the NATS message of an entry (the publisher's
 // contract).
 func publishedMsg(prefix string, id [16]byte, en journal.Entry) *nats.Msg {
-	m := nats.NewMsg(bus.Subject(prefix, en.Op, en.Entity, en.Tenant, en.Tenant != ""))
+	m := nats.NewMsg(bus.Subject(prefix, en.Op, en.Entity, en.Tenant, en.HasTenant))
 	m.Data = en.Envelope
 	m.Header.Set("Nats-Msg-Id", fmt.Sprintf("%x:%d", id, en.Seq))
 	m.Header.Set("Walcast-Seq", strconv.FormatInt(en.Seq, 10))
 	m.Header.Set("Walcast-Entity-Seq", strconv.FormatInt(en.EntitySeq, 10))
 	m.Header.Set("Walcast-Entity", en.Entity)
 	m.Header.Set("Walcast-Commit-Lsn", en.CommitLSN.String())
-	if en.Tenant != "" {
+	if en.HasTenant {
 		m.Header.Set("Walcast-Tenant", en.Tenant)
 	}
 	if en.TenantUnknown {
