@@ -44,9 +44,9 @@ const (
 
 // Entry is one journaled change as read.
 type Entry struct {
-	Seq           int64
-	Entity        string
-	EntitySeq     int64
+	Seq       int64
+	Entity    string
+	EntitySeq int64
 	// Tenant is the row's tenant when HasTenant; HasTenant is false for a row
 	// with no tenant (SQL NULL), so an empty-string tenant ("" with
 	// HasTenant) stays distinct from none, as in the journal's column.
