@@ -47,7 +47,7 @@ func BenchmarkE2ECatchUp(b *testing.B) {
 	b.Run("txn=1row/publish", func(b *testing.B) { catchUp(b, c, rows/5, 1, true) })
 }
 
-func catchUp(b *testing.B, c *pgtest.Cluster, rows, perTxn int, publish bool) {
+func catchUp(b *testing.B, c *pgtest.Cluster, rows, perTxn int, withPublisher bool) {
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		url := c.NewDatabase(b)
@@ -99,7 +99,7 @@ func catchUp(b *testing.B, c *pgtest.Cluster, rows, perTxn int, publish bool) {
 		go func() { done <- r.Run(ctx) }()
 		var pub *publish.Publisher
 		pubDone := make(chan struct{})
-		if publish {
+		if withPublisher {
 			ns := natstest.Start(b)
 			nc, err := bus.ConnectNATS(bus.NATSConfig{URL: ns.URL()})
 			if err != nil {
@@ -126,7 +126,7 @@ func catchUp(b *testing.B, c *pgtest.Cluster, rows, perTxn int, publish bool) {
 		b.ReportMetric(float64(rows)/recv.Seconds(), "recvlogical_changes/s")
 		b.ReportMetric(recv.Seconds()/walcast.Seconds(), "ratio")
 		b.Logf("publish=%v: %d rows in %d-row transactions: walcast %s (%.0f/s), pg_recvlogical %s (%.0f/s), ratio %.2f; %d batches",
-			publish, rows, perTxn, walcast.Round(time.Millisecond), float64(rows)/walcast.Seconds(),
+			withPublisher, rows, perTxn, walcast.Round(time.Millisecond), float64(rows)/walcast.Seconds(),
 			recv.Round(time.Millisecond), float64(rows)/recv.Seconds(), recv.Seconds()/walcast.Seconds(), r.Stats().Batches.Load())
 	}
 }
