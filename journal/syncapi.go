@@ -100,3 +100,30 @@ func (j *Journal) LastEntitySeq(ctx context.Context, entity string) (int64, erro
 	}
 	return n, nil
 }
+
+// Entities returns the entities that have at least one journaled change and
+// whose name is at most maxBytes long (0: any), at most limit of them (0:
+// 100000), in name order: what a sync node accepts as topics under a "*"
+// grant. It reads the per-entity bookkeeping only (one row per entity).
+func (j *Journal) Entities(ctx context.Context, maxBytes, limit int) ([]string, error) {
+	if maxBytes <= 0 {
+		maxBytes = 1 << 30
+	}
+	if limit <= 0 {
+		limit = 100000
+	}
+	conn, err := j.pool.acquire(ctx)
+	if err != nil {
+		return nil, opErr("journal.Entities", err, "")
+	}
+	defer j.pool.release(conn)
+	rows, err := conn.Query(ctx, "SELECT entity FROM "+j.sql.entitySeqs+" WHERE octet_length(entity) <= $1 ORDER BY entity LIMIT $2", maxBytes, limit)
+	if err != nil {
+		return nil, opErr("journal.Entities", err, "")
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, opErr("journal.Entities", err, "")
+	}
+	return out, nil
+}

@@ -200,6 +200,10 @@ func runSync(ctx context.Context, log *slog.Logger, sf *syncFlags) error {
 	case <-ctx.Done():
 		err = nil
 	case err = <-serveErr:
+	case <-node.Failed():
+		// Its NATS connection is closed for good: exit so the supervisor
+		// starts a fresh node (clients reconnect to another one meanwhile).
+		err = errors.New("the node's NATS connection closed for good (see the log for the cause); restart it")
 	}
 	// Sockets are hijacked connections: the node closes them (1001) before
 	// the server shuts down the rest.

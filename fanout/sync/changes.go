@@ -39,6 +39,10 @@ func (n *Node) serveChanges(w http.ResponseWriter, r *http.Request) {
 	}
 	qv := r.URL.Query()
 	topic := qv.Get("topic")
+	if len(topic) > MaxTopicBytes {
+		writeJSONError(w, http.StatusBadRequest, "bad-topic", "topic too long")
+		return
+	}
 	if _, _, ok := decoder.SplitEntity(topic); !ok {
 		writeJSONError(w, http.StatusBadRequest, "bad-topic", "topic must be an entity, schema.table")
 		return

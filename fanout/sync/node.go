@@ -106,6 +106,9 @@ func (c *Config) setDefaults() error {
 	if c.SubjectPrefix == "" {
 		c.SubjectPrefix = "walcast"
 	}
+	if err := bus.CheckPrefix(c.SubjectPrefix); err != nil {
+		return fmt.Errorf("sync: %w", err)
+	}
 	if c.MaxBufferedBytes <= 0 {
 		c.MaxBufferedBytes = DefaultMaxBufferedBytes
 	}
@@ -160,7 +163,14 @@ type Node struct {
 	horizon      atomic.Int64 // newest journal seq known
 	horizonKnown atomic.Bool
 
-	natsUp atomic.Bool
+	natsUp     atomic.Bool
+	natsClosed atomic.Bool   // the connection is closed for good (nats.go gave up)
+	failed     chan struct{} // closed once the node cannot serve any more (Failed)
+	failOnce   sync.Once
+
+	// entities are the entities with a journaled change (topics a "*" grant
+	// may follow), refreshed by followEntities.
+	entities atomic.Pointer[map[string]struct{}]
 
 	warnMu   sync.Mutex           // guards warnedAt
 	warnedAt map[string]time.Time // when each repeating warning was last logged
@@ -177,7 +187,8 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, j: cfg.Journal, log: cfg.Logger, topics: map[string]*syncTopic{}, sockets: map[*socket]struct{}{}}
+	n := &Node{cfg: cfg, j: cfg.Journal, log: cfg.Logger, topics: map[string]*syncTopic{}, sockets: map[*socket]struct{}{},
+		failed: make(chan struct{})}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.reads.n = n
 	if cfg.AcceptRate > 0 {
@@ -209,6 +220,20 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 			n.natsUp.Store(true)
 			n.repairAll("reconnect")
 		}),
+		// nats.go closes a connection for good after a protocol error
+		// (e.g. the server's "maximum control line exceeded") or when it
+		// stops reconnecting: nothing will be delivered any more, so the
+		// node reports itself failed (Healthy, Ready, Failed) and `walcast
+		// sync` exits for its supervisor to restart it.
+		nats.ClosedHandler(func(c *nats.Conn) {
+			n.natsUp.Store(false)
+			if n.ctx.Err() != nil {
+				return // Close
+			}
+			n.natsClosed.Store(true)
+			n.log.Error("NATS connection closed for good; the node can deliver nothing and must be restarted", "err", c.LastError())
+			n.fail()
+		}),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			if errors.Is(err, nats.ErrSlowConsumer) && sub != nil {
 				n.repairSubject(sub.Subject, "slow-consumer")
@@ -222,6 +247,11 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n.nc = nc
 	n.natsUp.Store(true)
+	if err := n.loadEntities(ctx); err != nil {
+		nc.Close()
+		n.cancel()
+		return nil, fmt.Errorf("sync: read the journal's entities: %w", err)
+	}
 	if _, err := nc.Subscribe(cfg.SubjectPrefix+".resync", n.onResync); err != nil {
 		nc.Close()
 		n.cancel()
@@ -239,16 +269,91 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("sync: metrics: %w", err)
 		}
 	}
-	n.wg.Add(2)
+	n.wg.Add(3)
 	go n.sweepIdle()
 	go n.followHorizon()
+	go n.followEntities()
 	return n, nil
+}
+
+// fail marks the node failed (Failed is closed).
+func (n *Node) fail() { n.failOnce.Do(func() { close(n.failed) }) }
+
+// Failed is closed when the node can no longer serve (its NATS connection
+// closed for good): the process should exit so it is replaced.
+func (n *Node) Failed() <-chan struct{} { return n.failed }
+
+// Healthy reports whether the node is alive: false once its NATS
+// connection is closed for good (a disconnect being retried is not
+// unhealthy, only unready).
+func (n *Node) Healthy() (bool, string) {
+	if n.natsClosed.Load() {
+		return false, "NATS connection closed for good"
+	}
+	return true, "ok"
+}
+
+// entityRefresh is how often the known-entity list is re-read while the
+// journal advances.
+const entityRefresh = 2 * time.Second
+
+// loadEntities reads the entities a "*" grant may follow.
+func (n *Node) loadEntities(ctx context.Context) error {
+	list, err := n.j.Entities(ctx, MaxTopicBytes, maxKnownEntities)
+	if err != nil {
+		return err
+	}
+	m := make(map[string]struct{}, len(list))
+	for _, e := range list {
+		if _, _, ok := decoder.SplitEntity(e); ok {
+			m[e] = struct{}{}
+		}
+	}
+	n.entities.Store(&m)
+	return nil
+}
+
+// maxKnownEntities bounds the entity list a node keeps.
+const maxKnownEntities = 100000
+
+// known reports whether entity has a journaled change.
+func (n *Node) known(entity string) bool {
+	_, ok := (*n.entities.Load())[entity]
+	return ok
+}
+
+// followEntities re-reads the entity list every entityRefresh while the
+// journal horizon moves, so a table's first change makes it a topic within
+// seconds without any client frame causing a journal query.
+func (n *Node) followEntities() {
+	defer n.wg.Done()
+	var seen int64 = -1
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-n.cfg.Clock.After(entityRefresh):
+		}
+		h := n.horizon.Load()
+		if h == seen {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(n.ctx, 10*time.Second)
+		if err := n.loadEntities(ctx); err != nil {
+			n.warnEvery("entities", "reading the journal's entities failed; retrying", "err", err)
+		} else {
+			seen = h
+		}
+		cancel()
+	}
 }
 
 // Ready reports whether the node can serve: NATS connected and the journal
 // horizon known.
 func (n *Node) Ready() (bool, string) {
 	switch {
+	case n.natsClosed.Load():
+		return false, "NATS connection closed for good"
 	case !n.natsUp.Load():
 		return false, "NATS disconnected"
 	case n.horizon.Load() == 0 && !n.horizonKnown.Load():
@@ -401,6 +506,9 @@ type member struct {
 	t     *syncTopic
 	topic string
 	q     journal.Query // the scope: the entity and the socket's tenant
+	// tenantTok is the subject tenant token of the scope: bus.NoTenantToken
+	// for an unscoped socket.
+	tenantTok string
 
 	// Guarded by t.mu.
 	state  memberState
@@ -511,9 +619,12 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 		n.warnEvery("headers", "NATS message without walcast headers ignored", "subject", msg.Subject)
 		return
 	}
-	tenant, hasTenant := "", false
-	if v := msg.Header.Values(bus.HeaderTenant); len(v) > 0 {
-		tenant, hasTenant = v[0], true
+	// The tenant is the subject's tenant token, exact for every value
+	// (header values are trimmed by nats.go and never routed on).
+	tenantTok, ok := bus.TenantOf(msg.Subject)
+	if !ok {
+		n.warnEvery("subject", "NATS message on a subject without a tenant token ignored", "subject", msg.Subject)
+		return
 	}
 	unknown := msg.Header.Get(bus.HeaderTenantUnknown) == "true"
 	payload := msg.Data
@@ -566,7 +677,7 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 	defer t.mu.Unlock()
 	var enc map[string]*frame // tenant scope → the frame every member of it shares
 	for m := range t.members {
-		if m.state != memberLive || seq <= m.pos || !visible(m.q.Tenant, tenant, hasTenant, unknown) {
+		if m.state != memberLive || seq <= m.pos || !visible(m.tenantTok, tenantTok, unknown) {
 			continue
 		}
 		f := enc[m.q.Tenant]
@@ -590,17 +701,20 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 	}
 }
 
-// visible applies DESIGN §5 to one live change: a tenant-scoped socket sees
-// its tenant's rows and rows with no tenant; an unscoped socket only rows
-// with no tenant; a tenant-unknown change reaches neither.
-func visible(scope, tenant string, hasTenant, unknown bool) bool {
+// visible applies DESIGN §5 to one live change by its subject's tenant
+// token: a tenant-scoped socket (scope = bus.TenantToken(tenant, true)) sees
+// its tenant's rows and rows with no tenant; an unscoped socket (scope =
+// bus.NoTenantToken) only rows with no tenant; a tenant-unknown change
+// reaches neither. Tokens are exact ("acme " is not "acme", "" is not no
+// tenant), as the journal's filter is.
+func visible(scope, tenant string, unknown bool) bool {
 	switch {
 	case unknown:
 		return false
-	case !hasTenant:
+	case tenant == bus.NoTenantToken:
 		return true
 	}
-	return scope != "" && scope == tenant
+	return scope != bus.NoTenantToken && scope == tenant
 }
 
 // deliverLocked queues f (for seq) on m's socket. A frame that does not fit

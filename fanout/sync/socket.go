@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/fanout/bus"
 	"github.com/walcast/walcast/internal/backoff"
 	"github.com/walcast/walcast/journal"
 )
@@ -289,16 +291,40 @@ func (s *socket) handle(b []byte) {
 // maxTopicsPerSocket bounds one socket's subscriptions.
 const maxTopicsPerSocket = 256
 
+// MaxTopicBytes bounds a topic name: two PostgreSQL identifiers of 63 bytes,
+// each quoted with every quote doubled (decoder.EntityName), and the dot.
+// Every topic within it makes a subscription subject well inside the NATS
+// control-line limit (bus.MaxSubjectBytes).
+const MaxTopicBytes = 2*(2*63+2) + 1
+
+// checkTopic validates a topic before anything is spent on it: a bounded
+// entity name the token grants and, under a "*" grant, one the journal has
+// changes of. It returns the error frame to send, or nil.
+func (s *socket) checkTopic(topic string) *frame {
+	if len(topic) > MaxTopicBytes {
+		return errorFrame("bad-topic", fmt.Sprintf("a topic is at most %d bytes", MaxTopicBytes), "")
+	}
+	if _, _, ok := decoder.SplitEntity(topic); !ok {
+		return errorFrame("bad-topic", "a topic is an entity, schema.table", topic)
+	}
+	if slices.Contains(s.claims.Topics, topic) {
+		return nil // granted by name: the issuer vouches for it
+	}
+	if !s.claims.Allows(topic) {
+		return errorFrame("forbidden", "the token does not grant this topic", topic)
+	}
+	if !s.n.known(topic) {
+		return errorFrame("unknown-topic", "no change of this entity has been journaled; subscribe to an existing entity (a new table is known within seconds of its first change)", topic)
+	}
+	return nil
+}
+
 // subscribe makes the socket a member of topic: live subscription first,
 // then the journal from the cursor (or from now), then live.
 func (s *socket) subscribe(topic, cursor string) {
 	n := s.n
-	if _, _, ok := decoder.SplitEntity(topic); !ok {
-		s.enqueue(errorFrame("bad-topic", "a topic is an entity, schema.table", topic), nil)
-		return
-	}
-	if !s.claims.Allows(topic) {
-		s.enqueue(errorFrame("forbidden", "the token does not grant this topic", topic), nil)
+	if f := s.checkTopic(topic); f != nil {
+		s.enqueue(f, nil)
 		return
 	}
 	if old := s.members[topic]; old != nil {
@@ -309,7 +335,8 @@ func (s *socket) subscribe(topic, cursor string) {
 		return
 	}
 	q := journal.Query{Entities: []string{topic}, Tenant: s.claims.Tenant}
-	m := &member{s: s, topic: topic, q: q, state: memberCatchingUp}
+	m := &member{s: s, topic: topic, q: q, state: memberCatchingUp,
+		tenantTok: bus.TenantToken(s.claims.Tenant, s.claims.Tenant != "")}
 	resync := false
 	if cursor != "" {
 		q.Cursor = cursor
