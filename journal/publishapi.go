@@ -21,10 +21,21 @@ type Log struct {
 }
 
 // ReadAfter returns up to limit entries with seq > after (limit defaults to
-// DefaultLimit and is capped at MaxLimit). When after is below Floor-1 the
-// entries between were pruned; the read starts at the floor.
+// DefaultLimit and is capped at MaxLimit), at most DefaultMaxBytes of
+// envelopes (ReadAfterBytes). When after is below Floor-1 the entries
+// between were pruned; the read starts at the floor.
 func (j *Journal) ReadAfter(ctx context.Context, after int64, limit int) (Log, error) {
+	return j.ReadAfterBytes(ctx, after, limit, 0)
+}
+
+// ReadAfterBytes is ReadAfter bounded by envelope bytes too: entries stop
+// before the one whose predecessors in the read reach maxBytes, but the
+// first entry is always returned, so a read holds at most maxBytes plus one
+// envelope. maxBytes 0 means DefaultMaxBytes; above MaxMaxBytes it is
+// lowered to it.
+func (j *Journal) ReadAfterBytes(ctx context.Context, after int64, limit, maxBytes int) (Log, error) {
 	const op = "journal.ReadAfter"
+	maxBytes = byteBound(maxBytes)
 	if limit <= 0 {
 		limit = DefaultLimit
 	}
@@ -43,9 +54,12 @@ func (j *Journal) ReadAfter(ctx context.Context, after int64, limit int) (Log, e
 			e.op, e.lsn, e.commit_lsn, e.commit_time, e.envelope
 		FROM (SELECT m.next_seq - 1 AS horizon, r.floor FROM `+j.sql.meta+` m, `+j.sql.retention+` r LIMIT 1) b
 		LEFT JOIN LATERAL (
-			SELECT * FROM `+j.sql.entries+` e WHERE e.seq > $1 AND e.seq <= b.horizon ORDER BY e.seq LIMIT $2
+			SELECT * FROM (
+				SELECT e.*, sum(e.size) OVER (ORDER BY e.seq) - e.size AS before_bytes
+				FROM (SELECT * FROM `+j.sql.entries+` e WHERE e.seq > $1 AND e.seq <= b.horizon ORDER BY e.seq LIMIT $2) e
+			) e WHERE e.before_bytes < $3
 		) e ON true
-		ORDER BY e.seq`, after, limit)
+		ORDER BY e.seq`, after, limit, maxBytes)
 	if err != nil {
 		return Log{}, opErr(op, err, "")
 	}

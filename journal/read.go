@@ -34,13 +34,33 @@ type Query struct {
 	// Limit bounds the number of changes returned; 0 means DefaultLimit and
 	// values above MaxLimit are lowered to it.
 	Limit int
+	// MaxBytes bounds the envelope bytes returned (the entries' size
+	// column): changes stop before the one that would start at or past it,
+	// but the first change is always returned, so a read holds at most
+	// MaxBytes plus one envelope. 0 means DefaultMaxBytes; values above
+	// MaxMaxBytes are lowered to it. A read cut short by bytes reports More
+	// with the cursor after its last change.
+	MaxBytes int
 }
 
 // Read limits.
 const (
-	DefaultLimit = 1000
-	MaxLimit     = 10000
+	DefaultLimit    = 1000
+	MaxLimit        = 10000
+	DefaultMaxBytes = 4 << 20
+	MaxMaxBytes     = 64 << 20
 )
+
+// byteBound is q's MaxBytes with the defaults applied.
+func byteBound(n int) int {
+	switch {
+	case n <= 0:
+		return DefaultMaxBytes
+	case n > MaxMaxBytes:
+		return MaxMaxBytes
+	}
+	return n
+}
 
 // Entry is one journaled change as read.
 type Entry struct {
@@ -143,7 +163,7 @@ func (j *Journal) Changes(ctx context.Context, q Query) (Result, error) {
 		}
 	}
 
-	rows, err := j.readEntries(ctx, sc, start, q.FromOldest && q.Cursor == "", limit)
+	rows, err := j.readEntries(ctx, sc, start, q.FromOldest && q.Cursor == "", limit, byteBound(q.MaxBytes))
 	if err != nil {
 		return Result{}, opErr(op, err, "")
 	}
@@ -171,7 +191,7 @@ func (j *Journal) Changes(ctx context.Context, q Query) (Result, error) {
 	// read's snapshot; with fewer than limit matches the cursor moves to the
 	// end of that range, so a filtered reader keeps up with the log.
 	pos := min(rows.start+rows.window, rows.horizon)
-	if len(rows.entries) == limit {
+	if len(rows.entries) == limit || rows.cut {
 		pos = rows.entries[len(rows.entries)-1].Seq
 	}
 	res.Cursor = j.cursorAt(pos, sh)
@@ -200,6 +220,7 @@ type readRows struct {
 	start                     int64 // position the read started after
 	window                    int64 // entries (start, start+window] were scanned
 	entries                   []Entry
+	cut                       bool // more matching entries were left out by the byte bound
 }
 
 // scanWindow bounds how many entries one read scans: seq is contiguous, so
@@ -213,9 +234,9 @@ func scanWindow(limit int) int64 { return int64(limit) + 20000 }
 // the start position in one statement, hence one snapshot. With start nil it
 // starts at the horizon, or with fromOldest at max(floor-1, resyncSeq). No
 // entry is read when the start position needs a resync.
-func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, fromOldest bool, limit int) (readRows, error) {
+func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, fromOldest bool, limit, maxBytes int) (readRows, error) {
 	var filter strings.Builder
-	args := []any{start, fromOldest, limit, scanWindow(limit)}
+	args := []any{start, fromOldest, limit, scanWindow(limit), maxBytes}
 
 	if len(sc.entities) > 0 {
 		args = append(args, sc.entities)
@@ -234,20 +255,29 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, fromO
 	// walked in seq order on the primary key, at most window of them (the
 	// inner LIMIT), and the walk stops as soon as limit of them matched the
 	// filters (the outer LIMIT): no sort, and a bounded scan whatever the
-	// filters match.
+	// filters match. The byte bound keeps the matching entries whose
+	// preceding matches sum to less than maxBytes ($5), plus one more (the
+	// first whose predecessors reach it: before_bytes >= $5) that only tells
+	// the caller the read was cut; its row is dropped.
 	sql := `SELECT b.horizon, b.floor, b.resync_seq, b.start,
-		e.seq, e.entity, e.entity_seq, e.tenant, e.tenant_unknown, e.op, e.lsn, e.commit_lsn, e.commit_time, e.envelope
+		e.seq, e.entity, e.entity_seq, e.tenant, e.tenant_unknown, e.op, e.lsn, e.commit_lsn, e.commit_time, e.envelope, e.before_bytes
 	FROM (SELECT m.next_seq - 1 AS horizon, r.floor, m.resync_seq,
 			coalesce($1::bigint, CASE WHEN $2::boolean THEN greatest(r.floor - 1, m.resync_seq) ELSE m.next_seq - 1 END) AS start
 		FROM ` + j.sql.meta + ` m, ` + j.sql.retention + ` r LIMIT 1) b
 	LEFT JOIN LATERAL (
 		SELECT * FROM (
-			SELECT * FROM ` + j.sql.entries + ` e
-			WHERE e.seq > b.start AND b.start >= b.floor - 1 AND b.start >= b.resync_seq AND b.start <= b.horizon
-			ORDER BY e.seq LIMIT $4
+			SELECT e.*, sum(e.size) OVER w - e.size AS before_bytes,
+				sum(e.size) OVER w - e.size - coalesce(lag(e.size) OVER w, 0) AS prev_before
+			FROM (
+				SELECT * FROM ` + j.sql.entries + ` e
+				WHERE e.seq > b.start AND b.start >= b.floor - 1 AND b.start >= b.resync_seq AND b.start <= b.horizon
+				ORDER BY e.seq LIMIT $4
+			) e
+			WHERE true` + filter.String() + `
+			WINDOW w AS (ORDER BY e.seq)
 		) e
-		WHERE true` + filter.String() + `
-		ORDER BY e.seq LIMIT $3
+		WHERE e.prev_before < $5
+		ORDER BY e.seq LIMIT $3 + 1
 	) e ON true
 	ORDER BY e.seq`
 
@@ -264,10 +294,16 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, fromO
 	out := readRows{window: scanWindow(limit)}
 	for rows.Next() {
 		var c entryCols
-		if err := rows.Scan(append([]any{&out.horizon, &out.floor, &out.resyncSeq, &out.start}, c.dest()...)...); err != nil {
+		var before *int64
+		if err := rows.Scan(append(append([]any{&out.horizon, &out.floor, &out.resyncSeq, &out.start}, c.dest()...), &before)...); err != nil {
 			return readRows{}, err
 		}
-		if e, ok := c.entry(); ok {
+		e, ok := c.entry()
+		switch {
+		case !ok:
+		case *before >= int64(maxBytes) || len(out.entries) == limit:
+			out.cut = true // one more matches beyond the bounds
+		default:
 			out.entries = append(out.entries, e)
 		}
 	}

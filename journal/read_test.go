@@ -596,3 +596,83 @@ func TestFilteredReadScansABoundedWindow(t *testing.T) {
 		t.Fatalf("second window: %+v", res)
 	}
 }
+
+// TestReadsBoundedByBytes: Changes and ReadAfterBytes stop before the entry
+// whose predecessors reach the byte bound (the first is always returned),
+// and continuing from the cursor misses nothing. Before, a read held up to
+// Limit envelopes whatever their size.
+func TestReadsBoundedByBytes(t *testing.T) {
+	j, gen, _ := newJournal(t)
+	lsn := decoder.LSN(0x1000)
+	var txs []*decoder.Transaction
+	for i := range 10 {
+		lsn += 10
+		c := ins("public.big", i)
+		c.pad = 100 << 10
+		if i%2 == 1 {
+			c.entity = "public.other"
+		}
+		txs = append(txs, mkTx(uint32(lsn), lsn, testEpoch, c))
+	}
+	mustAppend(t, j, gen, txs...)
+
+	// Unfiltered, 250 KB: three 100 KB entries (0, 100 and 200 KB before them).
+	lg, err := j.ReadAfterBytes(testCtx(t), 0, 100, 250<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := seqs(lg.Entries); len(got) != 3 || got[0] != 1 {
+		t.Fatalf("ReadAfterBytes returned seqs %v", got)
+	}
+	// A bound below one envelope still returns one.
+	if lg, err = j.ReadAfterBytes(testCtx(t), 0, 100, 1); err != nil || len(lg.Entries) != 1 {
+		t.Fatalf("tiny bound: %d entries, %v", len(lg.Entries), err)
+	}
+
+	// Filtered by entity: only public.big (seqs 1,3,5,7,9) counts.
+	q := Query{Entities: []string{"public.big"}, FromOldest: true, MaxBytes: 250 << 10}
+	var got []int64
+	for range 10 {
+		res := mustRead(t, j, q)
+		if len(res.Changes) > 3 {
+			t.Fatalf("read of %d changes past the byte bound", len(res.Changes))
+		}
+		got = append(got, seqs(res.Changes)...)
+		q.Cursor, q.FromOldest = res.Cursor, false
+		if !res.More {
+			break
+		}
+	}
+	if want := []int64{1, 3, 5, 7, 9}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("paged by bytes: %v, want %v", got, want)
+	}
+	first := mustRead(t, j, Query{Entities: []string{"public.big"}, FromOldest: true, MaxBytes: 250 << 10})
+	if len(first.Changes) != 3 || !first.More {
+		t.Fatalf("first page: %d changes, more %v", len(first.Changes), first.More)
+	}
+}
+
+// TestEntryHasTenant: ” and NULL tenants stay apart when read.
+func TestEntryHasTenant(t *testing.T) {
+	j, gen, _ := newJournal(t)
+	mustAppend(t, j, gen, mkTx(1, 0x2000, testEpoch,
+		chg{entity: "public.t", op: decoder.OpInsert, key: `{"id":1}`, tenant: "", state: decoder.TenantKnown},
+		chg{entity: "public.t", op: decoder.OpInsert, key: `{"id":2}`}))
+	lg, err := j.ReadAfter(testCtx(t), 0, 10)
+	if err != nil || len(lg.Entries) != 2 {
+		t.Fatalf("%v %d", err, len(lg.Entries))
+	}
+	if e := lg.Entries[0]; !e.HasTenant || e.Tenant != "" {
+		t.Fatalf("'' tenant read as %+v", e)
+	}
+	if e := lg.Entries[1]; e.HasTenant {
+		t.Fatalf("NULL tenant read as %+v", e)
+	}
+	if e, err := j.EntryAt(testCtx(t), 1); err != nil || !e.HasTenant {
+		t.Fatalf("EntryAt: %+v %v", e, err)
+	}
+	ents, err := j.Entities(testCtx(t), 0, 0)
+	if err != nil || fmt.Sprint(ents) != "[public.t]" {
+		t.Fatalf("Entities = %v, %v", ents, err)
+	}
+}

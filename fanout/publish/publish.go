@@ -35,6 +35,10 @@ type Config struct {
 	// BatchSize is the most entries read and published before one flush and
 	// one published-position update; default 1000.
 	BatchSize int
+	// BatchBytes bounds the envelope bytes of one batch read from the
+	// journal (the first entry is always read, so a batch holds at most
+	// BatchBytes plus one envelope); default 4 MiB.
+	BatchBytes int
 	// FlushTimeout bounds waiting for the server to acknowledge a batch
 	// (a NATS PING/PONG round trip); default 5s.
 	FlushTimeout time.Duration
@@ -113,6 +117,9 @@ func New(cfg Config, j *journal.Journal, nc *nats.Conn) *Publisher {
 	}
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = 1000
+	}
+	if cfg.BatchBytes <= 0 {
+		cfg.BatchBytes = 4 << 20
 	}
 	if cfg.FlushTimeout <= 0 {
 		cfg.FlushTimeout = 5 * time.Second
@@ -198,7 +205,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 // step publishes one batch after pos, or waits for new entries, and returns
 // the new position.
 func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
-	lg, err := p.j.ReadAfter(ctx, pos, p.cfg.BatchSize)
+	lg, err := p.j.ReadAfterBytes(ctx, pos, p.cfg.BatchSize, p.cfg.BatchBytes)
 	if err != nil {
 		return pos, err
 	}

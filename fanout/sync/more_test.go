@@ -2,6 +2,7 @@ package sync
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net/http/httptest"
 	"slices"
@@ -19,7 +20,7 @@ import (
 func TestSyncStormSharesJournalReads(t *testing.T) {
 	release := make(chan struct{})
 	e := newSyncEnv(t)
-	hook := func() { <-release }
+	hook := func(context.Context) { <-release }
 	e.node.reads.testHook.Store(&hook)
 	es := e.commit(ins(orders, 1), ins(orders, 2), ins(orders, 3))
 	cur, _ := e.j.CursorAt(journal.Query{Entities: []string{orders}}, es[0].Seq-1)

@@ -17,8 +17,9 @@ type sharedReads struct {
 	mu       sync.Mutex // guards the following field
 	inflight map[readKey]*readCall
 
-	queries  atomic.Int64           // journal reads made
-	testHook atomic.Pointer[func()] // tests: runs before each journal read
+	queries  atomic.Int64                          // journal reads made
+	canceled atomic.Int64                          // reads canceled because every waiter left
+	testHook atomic.Pointer[func(context.Context)] // tests: runs before each journal read, with its context
 }
 
 type readKey struct {
@@ -27,7 +28,8 @@ type readKey struct {
 }
 
 type readCall struct {
-	waiters int // guarded by sharedReads.mu
+	waiters int                // guarded by sharedReads.mu
+	cancel  context.CancelFunc // ends the read once no waiter is left
 	done    chan struct{}
 	page    readPage
 	err     error
@@ -46,8 +48,10 @@ type readPage struct {
 }
 
 // read returns the page after from in q's scope, joining a read already in
-// flight for the same place. The read itself runs on the node's context, so
-// one socket leaving does not fail the others.
+// flight for the same place. The read runs on its own context under the
+// node's, so one socket leaving does not fail the others, and it is
+// canceled when the last socket waiting for it leaves (a client that
+// disconnects costs no further journal time).
 func (r *sharedReads) read(ctx context.Context, q journal.Query, from int64) (readPage, error) {
 	key := readKey{entity: q.Entities[0], tenant: q.Tenant, from: from}
 	r.mu.Lock()
@@ -56,15 +60,19 @@ func (r *sharedReads) read(ctx context.Context, q journal.Query, from int64) (re
 	}
 	c := r.inflight[key]
 	if c == nil {
-		c = &readCall{done: make(chan struct{})}
+		rctx, cancel := context.WithCancel(r.n.ctx)
+		c = &readCall{done: make(chan struct{}), cancel: cancel}
 		r.inflight[key] = c
 		r.n.wg.Add(1)
 		go func() {
 			defer r.n.wg.Done()
-			c.page, c.err = r.do(q, from)
+			c.page, c.err = r.do(rctx, q, from)
 			r.mu.Lock()
-			delete(r.inflight, key)
+			if r.inflight[key] == c {
+				delete(r.inflight, key)
+			}
 			r.mu.Unlock()
+			cancel()
 			close(c.done)
 		}()
 	}
@@ -74,21 +82,37 @@ func (r *sharedReads) read(ctx context.Context, q journal.Query, from int64) (re
 	case <-c.done:
 		return c.page, c.err
 	case <-ctx.Done():
+		r.mu.Lock()
+		c.waiters--
+		if c.waiters == 0 {
+			// Nobody waits any more: stop the query, and let a later
+			// reader of the same place start afresh.
+			if r.inflight[key] == c {
+				delete(r.inflight, key)
+			}
+			c.cancel()
+			r.canceled.Add(1)
+		}
+		r.mu.Unlock()
 		return readPage{}, ctx.Err()
 	}
 }
 
-func (r *sharedReads) do(q journal.Query, from int64) (readPage, error) {
+// do reads one page: at most catchUpPageBytes of envelopes (and
+// journal.DefaultLimit changes), so a page held outside the socket's queue
+// is bounded in bytes.
+func (r *sharedReads) do(ctx context.Context, q journal.Query, from int64) (readPage, error) {
 	j := r.n.j
 	if h := r.testHook.Load(); h != nil {
-		(*h)()
+		(*h)(ctx)
 	}
+	q.MaxBytes = r.n.catchUpPageBytes()
 	r.queries.Add(1)
 	var err error
 	if q.Cursor, err = j.CursorAt(q, from); err != nil {
 		return readPage{}, err
 	}
-	res, err := j.Changes(r.n.ctx, q)
+	res, err := j.Changes(ctx, q)
 	if err != nil {
 		return readPage{}, err
 	}

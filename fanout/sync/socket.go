@@ -115,6 +115,10 @@ type socket struct {
 	inbound  *tokenBucket       // inbound frame budget
 	members  map[string]*member // by topic; owned by the reading goroutine
 	readDone chan struct{}      // closed when the read loop returns
+	// catchUps holds a token per catch-up holding a journal page, so one
+	// socket holds at most maxCatchUpPages pages (each catchUpPageBytes)
+	// outside its queue, however many topics it follows.
+	catchUps chan struct{}
 
 	mu          sync.Mutex // guards the following fields
 	queue       []*frame   // outbound, queue[head:] pending
@@ -165,7 +169,8 @@ func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
 	}
 	// Reserve the slot before the upgrade so concurrent handshakes cannot
 	// overshoot MaxConnections.
-	s := &socket{n: n, claims: claims, members: map[string]*member{}, readDone: make(chan struct{})}
+	s := &socket{n: n, claims: claims, members: map[string]*member{}, readDone: make(chan struct{}),
+		catchUps: make(chan struct{}, maxCatchUpPages)}
 	s.ctx, s.cancel = context.WithCancel(n.ctx)
 	s.drops = DropWindow{Max: n.cfg.MaxDroppedFrames}
 	s.inbound = newTokenBucket(n.cfg.InboundRate, n.cfg.InboundBurst, n.cfg.Clock)
@@ -407,6 +412,16 @@ func (n *Node) currentHorizon(ctx context.Context, q journal.Query) (int64, erro
 	return n.j.CursorPosition(c)
 }
 
+// maxCatchUpPages bounds the journal pages one socket holds at once.
+const maxCatchUpPages = 4
+
+// catchUpPageBytes bounds the envelope bytes of one catch-up page: a
+// quarter of MaxBufferedBytes (at least 64 KiB), so the pages a socket holds
+// outside its queue add at most MaxBufferedBytes (plus one envelope each).
+func (n *Node) catchUpPageBytes() int {
+	return max(64<<10, n.cfg.MaxBufferedBytes/maxCatchUpPages)
+}
+
 // startCatchUp runs m's catch-up on a goroutine the socket owns. m.t.mu is
 // held.
 func (s *socket) startCatchUp(m *member) {
@@ -439,8 +454,14 @@ func (s *socket) catchUp(m *member) {
 		m.repair = false
 		t.mu.Unlock()
 
+		select {
+		case s.catchUps <- struct{}{}:
+		case <-s.ctx.Done():
+			return
+		}
 		page, err := s.n.reads.read(s.ctx, m.q, from)
 		if err != nil {
+			<-s.catchUps
 			if s.ctx.Err() != nil {
 				return
 			}
@@ -455,11 +476,13 @@ func (s *socket) catchUp(m *member) {
 		t.mu.Lock()
 		if m.state != memberCatchingUp || m.pos != from {
 			t.mu.Unlock() // moved by a resync meanwhile: read again from there
+			<-s.catchUps
 			continue
 		}
 		if page.resync != nil {
 			m.deliverLocked(page.resync, page.resyncPos)
 			t.mu.Unlock()
+			<-s.catchUps
 			continue
 		}
 		t.mu.Unlock()
@@ -496,6 +519,7 @@ func (s *socket) catchUp(m *member) {
 				}
 			}
 		}
+		<-s.catchUps // the page is queued (or abandoned): no longer held here
 		t.mu.Lock()
 		if moved || m.state != memberCatchingUp {
 			t.mu.Unlock()
