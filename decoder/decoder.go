@@ -331,9 +331,14 @@ func (d *Decoder) typeMsg(w *wire) {
 	oid := w.u32()
 	ns := w.cstring()
 	name := w.cstring()
-	if w.ok() {
-		d.types[oid] = typeInfo{ns: string(ns), name: string(name)}
+	if !w.ok() {
+		return
 	}
+	ti := typeInfo{ns: string(ns), name: string(name)}
+	if ti.ns == "" {
+		ti.ns = "pg_catalog" // pgoutput sends "" for pg_catalog
+	}
+	d.types[oid] = ti
 }
 
 // target returns the transaction a change belongs to and, inside a stream
@@ -501,18 +506,24 @@ func (d *Decoder) change(w *wire, typ byte, lsn LSN) error {
 // onlyKey). An unchanged TOAST column takes its value from old when Postgres
 // sent it there (REPLICA IDENTITY FULL); otherwise it is left out, and listed
 // in d.unch when collect is set.
+//
+// When a json or jsonb column of a before or after row holds the JSON
+// literal null, the row is followed by the field listing such columns
+// (beforeJsonNull, afterJsonNull; see Values in the package doc). Which row
+// it is, appendRow reads from the field name change has just written for
+// it; the key row never gets a list, because Change.Key is the key object
+// alone and its values are always those of after (or before, for a delete).
 func (d *Decoder) appendRow(buf []byte, rel *relation, tup, old []tval, onlyKey, collect bool) []byte {
+	start := len(buf)
 	buf = append(buf, '{')
 	first := true
+	jsonNull := false
 	for i := range tup {
 		c := &rel.cols[i]
 		if onlyKey && !c.key {
 			continue
 		}
-		tv := tup[i]
-		if tv.kind == 'u' && old != nil && (old[i].kind == 't' || old[i].kind == 'b') {
-			tv = old[i]
-		}
+		tv := rowValue(tup, old, i)
 		if tv.kind == 'u' {
 			if collect {
 				d.unch = append(d.unch, i)
@@ -529,6 +540,9 @@ func (d *Decoder) appendRow(buf []byte, rel *relation, tup, old []tval, onlyKey,
 			buf = append(buf, "null"...)
 		case 't':
 			buf = appendValue(buf, c.typ, tv.v, &d.scratch)
+			if c.typ.kind == kJSON && !jsonNull {
+				jsonNull = isJSONNull(tv.v)
+			}
 		case 'b':
 			// Binary format is never requested; keep the bytes exactly.
 			buf = append(buf, '"')
@@ -536,7 +550,11 @@ func (d *Decoder) appendRow(buf []byte, rel *relation, tup, old []tval, onlyKey,
 			buf = append(buf, '"')
 		}
 	}
-	return append(buf, '}')
+	buf = append(buf, '}')
+	if jsonNull {
+		buf = appendJSONNulls(buf, start, rel, tup, old, onlyKey)
+	}
+	return buf
 }
 
 // appendTenant works out the change's tenant and appends its field.

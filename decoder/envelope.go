@@ -38,7 +38,10 @@
 //     string of its exact text. NaN and ±Infinity are strings.
 //   - float4, float8: JSON numbers in Postgres's shortest exact form;
 //     NaN, Infinity and -Infinity are strings.
-//   - json, jsonb: embedded as JSON.
+//   - json, jsonb: embedded as JSON when the text is valid JSON in valid
+//     UTF-8; otherwise (a SQL_ASCII database can hold such json) a JSON
+//     string of the text. The JSON literal null is embedded as null, like
+//     SQL NULL; the row's JSON-null list (below) tells them apart.
 //   - bytea: the bytes in standard base64.
 //   - timestamptz: RFC 3339 in UTC with exactly six fractional digits,
 //     "2026-11-29T23:21:24.123456Z". timestamp (without time zone): the same
@@ -48,14 +51,51 @@
 //   - arrays of any of these: JSON arrays, nested per dimension, NULL
 //     elements as null. An array with explicit bounds ("[0:1]={...}") is
 //     a string of its text, since JSON arrays cannot carry lower bounds.
-//   - arrays of enums and other user types (pgoutput Type messages name them
-//     "_name"): arrays of strings.
+//   - domains: exactly as their base type, the type at the end of the chain
+//     of domains: a domain over bool is true/false, over jsonb embedded
+//     JSON, over bytea base64, over timestamptz RFC 3339, over int4[] an
+//     array of numbers, over an enum or a composite a string. pgoutput's
+//     Type message names a domain by its base type, and only a base type in
+//     pg_catalog counts as built in: a type that merely shares a built-in's
+//     name in another schema (a public._int4) does not.
+//   - arrays of enums, composites, domains and every other type not built in
+//     (pgoutput Type messages name them "_name" but not their element type):
+//     arrays of strings of the elements' text. So an array of a domain over
+//     int4 is ["1","2"], not [1,2]; a domain over int4[] is [1,2].
+//   - the types initdb creates (OIDs from 10000 to 16383, such as those of
+//     information_schema) are not built in: pgoutput describes them in Type
+//     messages like user types, and the rules above apply.
+//     information_schema.cardinal_number, a domain over int4, is a number;
+//     sql_identifier, a domain over name, a string; sql_identifier[] an
+//     array of strings.
 //   - everything else — text, varchar, uuid, inet, interval, bit strings,
-//     ranges, date, time, enums, domains, composites, unknown OIDs: a JSON
-//     string of the text.
+//     ranges, date, time, enums, composites, unknown OIDs: a JSON string of
+//     the text.
 //
 // Whenever a value does not have the form its type promises, it is written as
-// a JSON string of its text rather than as invalid JSON.
+// a JSON string of its text rather than as invalid JSON. Strings never carry
+// invalid UTF-8: each invalid byte becomes U+FFFD. (A logical decoding
+// message's content is embedded when it is valid JSON in valid UTF-8 and
+// base64 otherwise, so that its bytes are never altered.)
+//
+// SQL NULL and JSON null. A json or jsonb column (or a domain over one) can
+// hold SQL NULL or the JSON literal null, and both are written null in the
+// row. A before or after row in which any such column holds the JSON literal
+// null is followed by beforeJsonNull or afterJsonNull, the names of those
+// columns in column order:
+//
+//	"after":{"id":1,"doc":null,"meta":null},"afterJsonNull":["doc"]
+//
+// Here doc holds JSON null and meta is SQL NULL. The lists are absent when
+// empty, so an envelope without JSON nulls is unchanged and a reader that
+// ignores the lists reads both as null. key carries no list: its values are
+// always those of the same columns of after (insert, update) or before
+// (delete). This keeps every value where and as it was — a marker in the
+// value's place, say {"$jsonNull":true}, would be indistinguishable from a
+// document of that shape, and a different form for SQL NULL would change the
+// common case — and it costs nothing unless a JSON null occurs. Inside arrays
+// (jsonb[]) a JSON null element and a NULL element are both null; the lists
+// name columns only.
 package decoder
 
 import (
@@ -158,7 +198,11 @@ type Envelope struct {
 	Before     map[string]json.RawMessage `json:"before,omitempty"`
 	After      map[string]json.RawMessage `json:"after,omitempty"`
 	Unchanged  []string                   `json:"unchanged,omitempty"`
-	Truncate   *TruncateInfo              `json:"truncate,omitempty"`
+	// The json and jsonb columns of Before and After holding the JSON
+	// literal null rather than SQL NULL (see Values in the package doc).
+	BeforeJSONNull []string      `json:"beforeJsonNull,omitempty"`
+	AfterJSONNull  []string      `json:"afterJsonNull,omitempty"`
+	Truncate       *TruncateInfo `json:"truncate,omitempty"`
 	// Logical decoding messages (op "message").
 	Prefix        string          `json:"prefix,omitempty"`
 	Content       json.RawMessage `json:"content,omitempty"`

@@ -1,7 +1,5 @@
 package decoder
 
-import "strings"
-
 // column is one published column of a relation, in wire order.
 type column struct {
 	name    string
@@ -49,23 +47,44 @@ func (r *relation) addColumn(name string, key bool, typ colType, cfg *Config) {
 	r.cols = append(r.cols, c)
 }
 
-// typeInfo is what a Type message says about a non-built-in OID.
+// typeInfo is what a Type message says about a type OID at or above
+// FirstGenbkiObjectId. pgoutput (logicalrep_write_typ) sends the column's
+// type OID with the namespace and name of its base type: a domain arrives
+// named after the type it is over (a domain over int[] as pg_catalog._int4),
+// anything else under its own name.
 type typeInfo struct {
-	ns, name string
+	ns, name string // ns is "pg_catalog" where pgoutput sent ""
 }
 
-// resolveType picks the decoding rule for a column's type OID: built-in
-// rules first, then user types named by Type messages (an array type's name
-// starts with '_' and its elements are strings), then text.
+// rule is the decoding rule of the type: a pg_catalog type maps to the
+// built-in rule by name, so a domain encodes exactly as its base type; a type
+// of any other schema — user types, and those initdb creates such as
+// information_schema.sql_identifier[] — is never mistaken for a built-in one
+// of the same name (see userType).
+func (ti typeInfo) rule() colType {
+	if ti.ns == "pg_catalog" {
+		return catalogType(ti.name)
+	}
+	return userType(ti.name)
+}
+
+// resolveType picks the decoding rule for a column's type OID: the built-in
+// rule below FirstGenbkiObjectId, for which pgoutput sends no Type message;
+// the rule of the Type message otherwise; text for an OID no Type message
+// named.
 func (d *Decoder) resolveType(oid uint32) colType {
-	if oid < firstUserOID {
+	if oid < firstGenbkiOID {
 		return builtinType(oid)
 	}
-	if ti, ok := d.types[oid]; ok && strings.HasPrefix(ti.name, "_") {
-		return colType{kind: kArray, elem: kText, delim: ','}
+	if ti, ok := d.types[oid]; ok {
+		return ti.rule()
 	}
 	return colType{kind: kText}
 }
 
-// firstUserOID is FirstNormalObjectId: OIDs below it are built in.
-const firstUserOID = 16384
+// firstGenbkiOID is FirstGenbkiObjectId. OIDs below it are hand-assigned in
+// the catalogs and stable across major versions; pgoutput sends a Type
+// message for every column type at or above it, including the types initdb
+// creates between it and FirstNormalObjectId (16384), such as those of
+// information_schema.
+const firstGenbkiOID = 10000
