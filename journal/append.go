@@ -75,8 +75,15 @@ type AppendResult struct {
 // transactions again is always safe, since journaled ones are then skipped
 // as replays. The caller keeps ownership of the transactions (it closes
 // them).
+//
+// Time limits (Config.CallTimeout): an append has no limit on its total
+// duration — a batch holding a huge spilled transaction may stream for
+// minutes — but it fails when no byte moves on its connection for
+// CallTimeout, when it waits longer than lock_timeout (CallTimeout/2) for the
+// meta row, or when connecting or waiting for a connection takes longer than
+// CallTimeout. ctx may impose a shorter limit.
 func (j *Journal) Append(ctx context.Context, gen int64, txs []*decoder.Transaction) (AppendResult, error) {
-	return j.append(ctx, "journal.Append", gen, txs, appendOpts{})
+	return j.append(withAppendMode(ctx), "journal.Append", gen, txs, appendOpts{})
 }
 
 // Advance moves the watermark to lsn without writing an entry, when lsn is
@@ -85,7 +92,34 @@ func (j *Journal) Append(ctx context.Context, gen int64, txs []*decoder.Transact
 // never runs ahead of the watermark. Fenced like Append.
 func (j *Journal) Advance(ctx context.Context, gen int64, lsn decoder.LSN) (AppendResult, error) {
 	tx := decoder.NewTransaction(0, lsn, lsn, time.Time{}, nil)
-	return j.append(ctx, "journal.Advance", gen, []*decoder.Transaction{tx}, appendOpts{})
+	return j.append(withAppendMode(ctx), "journal.Advance", gen, []*decoder.Transaction{tx}, appendOpts{})
+}
+
+// Bootstrap records the replication source and moves the watermark to start
+// (when start is above it) in one journal transaction, so a journal never
+// has one without the other: the first start of a replicator, or a restart
+// after a first start that journaled nothing. It writes no entry. Fenced
+// like Append; it returns the watermark afterwards.
+func (j *Journal) Bootstrap(ctx context.Context, gen int64, src Source, start decoder.LSN) (decoder.LSN, error) {
+	tx := decoder.NewTransaction(0, start, start, time.Time{}, nil)
+	res, err := j.append(withAppendMode(ctx), "journal.Bootstrap", gen, []*decoder.Transaction{tx}, appendOpts{source: &src})
+	if err != nil {
+		return 0, err
+	}
+	return res.Watermark, nil
+}
+
+// AppendStalled reports whether an append is in flight and, if so, how long
+// its connection has gone without moving a byte (0 while it streams). A
+// healthy append moves bytes within milliseconds; a value growing past a few
+// seconds means the journal database has stopped answering, and the append
+// will fail once it reaches CallTimeout. For readiness checks.
+func (j *Journal) AppendStalled() (inFlight bool, stalled time.Duration) {
+	in, last := j.pool.appendProgress()
+	if !in || last.IsZero() {
+		return in, 0
+	}
+	return true, time.Since(last)
 }
 
 // Resync describes a resync entry (DESIGN §4.2, §5).
@@ -132,5 +166,5 @@ func (j *Journal) AppendResync(ctx context.Context, gen int64, r Resync) (Append
 	body.Write(reason)
 	body.WriteString(`}`)
 	tx := decoder.NewTransaction(0, wm, wm, r.Time, []decoder.Change{{LSN: wm, Op: decoder.OpResync, Body: body.Bytes()}})
-	return j.append(ctx, "journal.AppendResync", gen, []*decoder.Transaction{tx}, appendOpts{force: true, resetWatermark: r.ResetWatermark, source: r.Source})
+	return j.append(withAppendMode(ctx), "journal.AppendResync", gen, []*decoder.Transaction{tx}, appendOpts{force: true, resetWatermark: r.ResetWatermark, source: r.Source})
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -36,6 +37,16 @@ type Config struct {
 	// Schema holds the journal's tables; default DefaultSchema. Any name is
 	// safe: it is always quoted.
 	Schema string
+	// CallTimeout limits every journal call; default DefaultCallTimeout.
+	// A call other than an append fails when it takes longer; any call,
+	// appends included, fails when no byte moves on its connection for
+	// that long (an append of a huge transaction may take longer in all,
+	// as long as it keeps streaming). The session settings derive from it:
+	// statement_timeout (not for appends), lock_timeout (half of it),
+	// idle_in_transaction_session_timeout, TCP keepalives and
+	// tcp_user_timeout; connecting is limited to min(CallTimeout, 10 s)
+	// unless the URL sets connect_timeout. See applyLimits.
+	CallTimeout time.Duration
 
 	// CursorSecret is the HMAC-SHA256 key cursors are signed with, at least
 	// MinSecretLen bytes. Empty means this process issues and reads no
@@ -61,6 +72,7 @@ type Config struct {
 type Journal struct {
 	pool    *connPool
 	connCfg *pgx.ConnConfig
+	limits  limits
 	schema  string
 	sql     statements
 	id      [16]byte
@@ -110,6 +122,7 @@ func Open(ctx context.Context, cfg Config) (*Journal, error) {
 	}
 
 	connCfg := cfg.ConnConfig
+	fromURL := connCfg == nil
 	if connCfg == nil {
 		var err error
 		connCfg, err = pgx.ParseConfig(cfg.URL)
@@ -125,12 +138,15 @@ func Open(ctx context.Context, cfg Config) (*Journal, error) {
 		connCfg.RuntimeParams = map[string]string{}
 	}
 	connCfg.RuntimeParams["jit"] = "off"
+	lim := limitsFor(cfg.CallTimeout)
+	applyLimits(connCfg, lim, fromURL)
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = 8
 	}
 	j := &Journal{
-		pool:          newConnPool(connCfg, cfg.MaxConns),
+		pool:          newConnPool(connCfg, lim, cfg.MaxConns),
 		connCfg:       connCfg,
+		limits:        lim,
 		schema:        cfg.Schema,
 		sql:           newStatements(cfg.Schema),
 		secrets:       secrets,
@@ -147,8 +163,21 @@ func Open(ctx context.Context, cfg Config) (*Journal, error) {
 }
 
 // Close stops the journal's listener, if any, and closes its connections.
+// Calls in flight finish first (their connections are closed on release).
 // It is idempotent.
-func (j *Journal) Close() {
+func (j *Journal) Close() { j.close(false) }
+
+// CloseNow is Close that also breaks the connections of calls in flight:
+// they fail at once (an append whose COMMIT was in flight has an unknown
+// outcome, which replays make harmless). For a shutdown that must not wait
+// for an unresponsive journal database. Safe to call after or with Close.
+func (j *Journal) CloseNow() { j.close(true) }
+
+func (j *Journal) close(abort bool) {
+	if abort {
+		// Break calls in flight even when Close already ran.
+		j.pool.close(true)
+	}
 	j.lmu.Lock()
 	if j.closed {
 		j.lmu.Unlock()
@@ -161,7 +190,7 @@ func (j *Journal) Close() {
 	if l != nil {
 		l.stop()
 	}
-	j.pool.close()
+	j.pool.close(abort)
 }
 
 // ID is the journal id: random, created with the schema, and the epoch of
@@ -254,7 +283,7 @@ const advisoryClass = 0x77616c63
 func (j *Journal) migrate(ctx context.Context) error {
 	const op = "journal.Open"
 	schemaQ := pgx.Identifier{j.schema}.Sanitize()
-	err := j.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
+	err := j.inTx(ctx, pgx.TxOptions{}, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", advisoryClass, j.schema); err != nil {
 			return err
 		}

@@ -115,14 +115,20 @@ func (l *listener) session(ctx context.Context) error {
 		return err
 	}
 	defer closeConn(conn)
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{l.j.channel}.Sanitize()); err != nil {
+	// LISTEN and the horizon read are calls with the call timeout; the wait
+	// for notifications is not (it is silent by nature), and a connection
+	// that died under it is found by the TCP keepalives (applyLimits).
+	cctx, cancel := l.j.callCtx(ctx)
+	defer cancel()
+	if _, err := conn.Exec(cctx, "LISTEN "+pgx.Identifier{l.j.channel}.Sanitize()); err != nil {
 		return err
 	}
 	// Read the horizon after LISTEN so that no append falls between.
 	var h int64
-	if err := conn.QueryRow(ctx, "SELECT next_seq - 1 FROM "+l.j.sql.meta).Scan(&h); err != nil {
+	if err := conn.QueryRow(cctx, "SELECT next_seq - 1 FROM "+l.j.sql.meta).Scan(&h); err != nil {
 		return err
 	}
+	cancel()
 	l.publish(h)
 	for {
 		n, err := conn.WaitForNotification(ctx)

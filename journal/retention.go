@@ -57,7 +57,7 @@ func (j *Journal) Prune(ctx context.Context, r Retention) (PruneResult, error) {
 var errStop = errors.New("stop")
 
 func (j *Journal) pruneBatch(ctx context.Context, r Retention) (n, bytes, floor int64, err error) {
-	err = j.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
+	err = j.inTx(ctx, pgx.TxOptions{}, func(ctx context.Context, tx pgx.Tx) error {
 		var prunedBytes, horizon, appendedBytes int64
 		if err := tx.QueryRow(ctx, "SELECT floor, pruned_bytes FROM "+j.sql.retention+" FOR UPDATE").Scan(&floor, &prunedBytes); err != nil {
 			return err

@@ -33,6 +33,9 @@ import (
 // counts as a fresh start for the reconnect backoff.
 const healthySession = 10 * time.Second
 
+// closeTimeout bounds the clean close of the replication connection.
+const closeTimeout = 5 * time.Second
+
 // ErrSlotHeld is returned by Run when another replicator holds the slot's
 // lock and Config.Standby is false.
 var ErrSlotHeld = errors.New("another walcast run holds the replication slot")
@@ -285,13 +288,24 @@ func (r *Replicator) session(ctx context.Context, everConnected *bool) (streamed
 		return false, err
 	}
 	*everConnected = true
-	defer conn.Close(context.WithoutCancel(ctx))
+	defer func() {
+		// Closing sends Terminate; never let an unresponsive source hold the
+		// session (and shutdown) open.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+		defer cancel()
+		conn.Close(cctx)
+	}()
 
-	sys, err := identifySystem(ctx, conn)
-	if err != nil {
+	if err := r.waitForLock(ctx, conn); err != nil {
 		return false, err
 	}
-	if err := r.waitForLock(ctx, conn); err != nil {
+	// Identify the server only once the lock is ours: a standby may have
+	// waited for hours, and resume compares the journal's watermark with
+	// the server's WAL position, which must be read after the previous
+	// holder's last append (a stale position would make a sound journal
+	// look ahead of the server).
+	sys, err := identifySystem(ctx, conn)
+	if err != nil {
 		return false, err
 	}
 	skip, exact, err := journalRelations(ctx, conn, r.j.Schema(), r.j.ID())
@@ -377,14 +391,11 @@ func (r *Replicator) statusInterval(ctx context.Context, conn *pgconn.PgConn) (t
 // position to start from, creating the slot on a fresh journal and handling a
 // gap as DESIGN §4.2 says.
 func (r *Replicator) resume(ctx context.Context, conn *pgconn.PgConn, sys SystemInfo, gen int64) (decoder.LSN, error) {
-	src, err := r.j.Source(ctx)
+	st, err := r.j.State(ctx)
 	if err != nil {
 		return 0, err
 	}
-	wm, err := r.j.Watermark(ctx)
-	if err != nil {
-		return 0, err
-	}
+	src, wm := st.Source, st.Watermark
 	slot, err := readSlot(ctx, conn, r.cfg.Slot)
 	if err != nil {
 		return 0, err
@@ -403,7 +414,17 @@ func (r *Replicator) resume(ctx context.Context, conn *pgconn.PgConn, sys System
 	}
 	cur := journal.Source{SystemID: sys.SystemID, Timeline: sys.Timeline, Slot: r.cfg.Slot}
 
-	if src.SystemID == "" {
+	// A journal that records a source but has never journaled anything or
+	// held a watermark was cut off in its first start by an older walcast,
+	// which recorded the source and the starting watermark in two commits:
+	// nothing was lost, because nothing was ever acknowledged from it, so it
+	// starts afresh.
+	interrupted := src.SystemID != "" && wm == 0 && st.Horizon == 0
+	if interrupted {
+		r.log.Warn("the journal records a source but no watermark (a first start that was interrupted); starting afresh",
+			"system_id", src.SystemID, "timeline", src.Timeline)
+	}
+	if src.SystemID == "" || interrupted {
 		// A fresh journal: start where the slot is, creating it if needed.
 		start := slot.ConfirmedFlush
 		if !slot.Exists || slot.WalStatus == "lost" {
@@ -417,24 +438,27 @@ func (r *Replicator) resume(ctx context.Context, conn *pgconn.PgConn, sys System
 			}
 			r.log.Info("created replication slot", "consistent_point", start.String())
 		}
-		if err := r.j.SetSource(ctx, gen, cur); err != nil {
-			return 0, err
-		}
-		if start > wm {
-			if _, err := r.j.Advance(ctx, gen, start); err != nil {
-				return 0, err
-			}
-			wm = start
-		}
-		return wm, nil
+		// Source and watermark in one commit: a crash cannot leave one
+		// without the other.
+		return r.j.Bootstrap(ctx, gen, cur, start)
 	}
 
 	var gap string
+	fix := "restart with --recreate-lost-slot: walcast recreates the slot, journals a resync entry, and clients refetch their state; nothing is streamed until then"
 	switch {
 	case src.SystemID != sys.SystemID:
 		gap = fmt.Sprintf("the source's system identifier changed from %s to %s (a restored backup or a different server)", src.SystemID, sys.SystemID)
 	case src.Timeline != sys.Timeline:
 		gap = fmt.Sprintf("the source's timeline changed from %d to %d (a promoted standby)", src.Timeline, sys.Timeline)
+	case wm > sys.XLogPos:
+		// The watermark is a position this server produced and flushed, so
+		// it can never lie ahead of its WAL: the journal holds another
+		// history (restored from a newer backup, or another source's), or
+		// the source was restored from an older backup that kept its system
+		// identifier and timeline. Resuming would wait silently for WAL
+		// that may never match, or skip everything up to the watermark.
+		gap = fmt.Sprintf("the journal watermark %s is ahead of the source's current WAL position %s (the journal holds a different or newer history than this server, or the source was restored from an older backup)", wm, sys.XLogPos)
+		fix = "check that --journal-url and --journal-schema point at this source's journal and --database-url at the right server; if both are right, restart with --recreate-lost-slot: walcast recreates the slot, journals a resync entry that resets the watermark, and clients refetch their state"
 	case !slot.Exists:
 		gap = fmt.Sprintf("slot %q vanished", r.cfg.Slot)
 	case slot.WalStatus == "lost":
@@ -453,7 +477,7 @@ func (r *Replicator) resume(ctx context.Context, conn *pgconn.PgConn, sys System
 	if !r.cfg.RecreateLostSlot {
 		return 0, &Error{Code: CodeSlotLost, Op: "resume replication",
 			Err: fmt.Errorf("changes may have been lost: %s", gap),
-			Fix: "restart with --recreate-lost-slot: walcast recreates the slot, journals a resync entry, and clients refetch their state; nothing is streamed until then"}
+			Fix: fix}
 	}
 	if slot.Exists {
 		if err := pglogrepl.DropReplicationSlot(ctx, conn, r.cfg.Slot, pglogrepl.DropReplicationSlotOptions{}); err != nil {

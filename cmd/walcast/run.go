@@ -31,6 +31,8 @@ func newRunCmd(env Env) *cobra.Command {
 		embeddedNATS  string
 		embeddedStore string
 		prefix        string
+		journalTO     time.Duration
+		shutdownTO    time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -42,6 +44,11 @@ PostgreSQL.
 
 At start it runs the checks of 'walcast verify', logs every warning and failure
 with its fix, and refuses to start only when replication is impossible.
+
+On SIGINT/SIGTERM it finishes the journal batch in flight and sends a final
+status update; when that takes longer than --shutdown-timeout (a journal
+database that stopped answering) it breaks the journal's connections and
+exits anyway — nothing unjournaled was acknowledged, so nothing is lost.
 
 Exit status: 0 after a clean stop (SIGINT/SIGTERM; a second signal aborts),
 1 when replication fails, 2 for a configuration error or an unreachable
@@ -66,7 +73,8 @@ database at start-up, 3 when another instance holds the slot and
 			nf.cfg.Name = "walcast run"
 			return runReplicator(cmd.Context(), log, runSetup{tracing: otlpConfigured(env), rc: rc, journalURL: journalURL, schema: schema, httpListen: httpListen,
 				retention: retention, pruneEvery: pruneEvery, preflight: !skipPreflight,
-				nats: nf.cfg, embeddedNATS: embeddedNATS, embeddedStore: embeddedStore, prefix: prefix})
+				nats: nf.cfg, embeddedNATS: embeddedNATS, embeddedStore: embeddedStore, prefix: prefix,
+				journalTimeout: journalTO, shutdownTimeout: shutdownTO})
 		},
 	}
 	f := cmd.Flags()
@@ -75,6 +83,10 @@ database at start-up, 3 when another instance holds the slot and
 	f.StringVar(&rc.Slot, "slot", "walcast", "replication slot name")
 	f.StringVar(&journalURL, "journal-url", "", "journal database (default: the database URL)")
 	f.StringVar(&schema, "journal-schema", journal.DefaultSchema, "schema of the journal")
+	f.DurationVar(&journalTO, "journal-timeout", journal.DefaultCallTimeout,
+		"limit of each journal call; an append fails when no byte moves for this long (statement, lock and idle timeouts and TCP keepalives derive from it)")
+	f.DurationVar(&shutdownTO, "shutdown-timeout", defaultShutdownTimeout,
+		"on SIGINT/SIGTERM, how long to wait for the journal batch in flight before breaking the journal's connections and exiting")
 	f.StringVar(&rc.TenantColumn, "tenant-column", "", "column hoisted into the envelope's tenant")
 	f.StringVar(&rc.MessagePrefix, "message-prefix", "walcast.", "logical decoding message prefix journaled as op \"message\"")
 	f.BoolVar(&rc.Standby, "standby", true, "wait as a standby while another instance holds the slot (false: exit 3)")
@@ -115,6 +127,26 @@ type runSetup struct {
 	embeddedStore string
 	prefix        string
 	tracing       bool // an OTLP endpoint is configured: export traces
+
+	journalTimeout  time.Duration // journal.Config.CallTimeout; 0: the default
+	shutdownTimeout time.Duration // 0: defaultShutdownTimeout
+}
+
+// defaultShutdownTimeout is below Kubernetes' default grace period of 30 s,
+// so walcast exits on its own (logging why) before it would be killed.
+const defaultShutdownTimeout = 20 * time.Second
+
+// abortGrace is how long the replicator may take to return once the
+// journal's connections were broken at the shutdown timeout; past it the
+// process exits regardless (exit 1).
+const abortGrace = 5 * time.Second
+
+// writerStuckAfter is how long an append may go without moving a byte before
+// /readyz reports the journal writer stuck: far above a healthy append's
+// silence (milliseconds), and well before the append fails at the call
+// timeout and ends the session.
+func writerStuckAfter(callTimeout time.Duration) time.Duration {
+	return max(callTimeout/5, time.Second)
 }
 
 // otlpConfigured reports whether the operator set an OTLP endpoint for
@@ -154,7 +186,7 @@ func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
 			return withCode(exitUsage, fmt.Errorf("run: replication is impossible until this is fixed: %s\nfix: %s", b.Found, b.Fix))
 		}
 	}
-	j, err := journal.Open(ctx, journal.Config{URL: journalURL, Schema: schema})
+	j, err := journal.Open(ctx, journal.Config{URL: journalURL, Schema: schema, CallTimeout: s.journalTimeout})
 	if err != nil {
 		return startupError(err)
 	}
@@ -204,10 +236,15 @@ func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
 		return withCode(exitFailed, err)
 	}
 	pub.SetTracerProvider(tracing.TracerProvider())
+	stuckAfter := writerStuckAfter(j.CallTimeout())
 	srv, err := telemetry.Listen(s.httpListen, metrics, func() (bool, string) {
 		s := r.State()
 		switch s.Role {
 		case replication.RoleActive:
+			if in, stalled := j.AppendStalled(); in && stalled >= stuckAfter {
+				return false, fmt.Sprintf("active but the journal writer is stuck: an append has moved no byte for %s (it fails at %s and the session ends)",
+					stalled.Round(100*time.Millisecond), j.CallTimeout())
+			}
 			return true, fmt.Sprintf("active: streaming, generation %d, watermark %s", s.Generation, s.Watermark)
 		case replication.RoleStandby:
 			return true, "standby: another walcast run holds the slot; ready to take over"
@@ -244,9 +281,7 @@ func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
 			_ = j.RunRetention(ctx, retention, pruneEvery, func(err error) { log.Warn("journal retention failed; retrying next interval", "err", err) })
 		}()
 	}
-	err = r.Run(ctx)
-	cancel()
-	wg.Wait()
+	err = runBounded(ctx, log, r, j, s.shutdownTimeout, cancel, &wg)
 	switch {
 	case err == nil:
 		log.Info("walcast run stopped")
@@ -257,6 +292,56 @@ func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
 		return withCode(exitUsage, err)
 	}
 	return withCode(exitFailed, err)
+}
+
+// runBounded runs r until it returns, then stops the other goroutines
+// (cancel, wg). Once ctx ends (a signal) everything must stop within
+// shutdownTimeout: past it the journal's connections are broken (CloseNow),
+// which fails an append that hangs on an unresponsive journal database, and
+// if even that does not end Run within abortGrace, runBounded returns an
+// error and leaves Run behind — the process is about to exit, which closes
+// the replication connection and releases the slot's lock. What was not
+// journaled was never acknowledged, so Postgres resends it to the next run.
+func runBounded(ctx context.Context, log *slog.Logger, r *replication.Replicator, j *journal.Journal,
+	shutdownTimeout time.Duration, cancel context.CancelFunc, wg *sync.WaitGroup) error {
+	if shutdownTimeout <= 0 {
+		shutdownTimeout = defaultShutdownTimeout
+	}
+	runDone := make(chan error, 1)
+	go func() { runDone <- r.Run(ctx) }()
+	var runErr error
+	returned := false
+	select {
+	case runErr = <-runDone:
+		returned = true
+	case <-ctx.Done():
+	}
+	cancel()
+	allDone := make(chan error, 1)
+	go func() {
+		err := runErr
+		if !returned {
+			err = <-runDone
+		}
+		wg.Wait()
+		allDone <- err
+	}()
+	t := time.NewTimer(shutdownTimeout)
+	defer t.Stop()
+	select {
+	case err := <-allDone:
+		return err
+	case <-t.C:
+	}
+	log.Warn("shutdown: the journal did not finish in time; breaking its connections", "shutdown_timeout", shutdownTimeout,
+		"fix", "check the journal database (locks, a stopped or overloaded server, the network); raise --shutdown-timeout if it is merely slow")
+	j.CloseNow()
+	select {
+	case err := <-allDone:
+		return err
+	case <-time.After(abortGrace):
+		return withCode(exitFailed, fmt.Errorf("run: did not stop within %s of the signal (journal unresponsive); exiting", shutdownTimeout+abortGrace))
+	}
 }
 
 // startupError maps an error met before streaming to its exit code: a
