@@ -175,7 +175,7 @@ func runSync(ctx context.Context, log *slog.Logger, sf *syncFlags) error {
 	if tlsCfg != nil {
 		ln = tls.NewListener(ln, tlsCfg)
 	}
-	srv := &http.Server{Handler: node.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := node.HTTPServer()
 	scheme := "ws"
 	if tlsCfg != nil {
 		scheme = "wss"

@@ -88,7 +88,11 @@ func newSyncEnv(t testing.TB, mod ...func(*Config)) *syncEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.srv = httptest.NewServer(e.node.Handler())
+	e.srv = httptest.NewUnstartedServer(e.node.Handler())
+	hs := e.node.HTTPServer()
+	e.srv.Config.ReadHeaderTimeout, e.srv.Config.WriteTimeout = hs.ReadHeaderTimeout, hs.WriteTimeout
+	e.srv.Config.IdleTimeout, e.srv.Config.MaxHeaderBytes = hs.IdleTimeout, hs.MaxHeaderBytes
+	e.srv.Start()
 	t.Cleanup(func() {
 		e.node.Close()
 		e.srv.Close()

@@ -1,6 +1,7 @@
 package sync
 
 import (
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -66,7 +67,7 @@ func (h *hostileEnv) topics() int {
 // well-behaved client's stream survive every one. The node's memory high
 // water mark is logged at the end.
 func TestHostileClients(t *testing.T) {
-	h := newHostileEnv(t)
+	h := newHostileEnv(t, func(c *Config) { c.ReadHeaderTimeout = 500 * time.Millisecond })
 	star := token(t, []string{"*"}, "", time.Hour)
 	expectErr := func(t *testing.T, c *wsConn, code string) {
 		t.Helper()
@@ -161,6 +162,39 @@ func TestHostileClients(t *testing.T) {
 			}
 			if h.topics() != before {
 				t.Fatalf("%d topics left behind", h.topics()-before)
+			}
+		}},
+		{"slowloris", func(t *testing.T) {
+			// Headers trickled forever: the connection is closed after
+			// ReadHeaderTimeout (set short for this node).
+			conn, err := net.Dial("tcp", h.srv.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			start := time.Now()
+			_, _ = conn.Write([]byte("GET /v1/socket HTTP/1.1\r\nHost: x\r\n"))
+			_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+			buf := make([]byte, 512)
+			for {
+				if _, err := conn.Read(buf); err != nil {
+					break
+				}
+			}
+			if el := time.Since(start); el > 5*time.Second {
+				t.Fatalf("a slow header kept its connection %s", el)
+			}
+		}},
+		{"huge headers", func(t *testing.T) {
+			req, _ := http.NewRequest("GET", h.srv.URL+"/v1/changes?topic="+orders, nil)
+			req.Header.Set("X-Pad", strings.Repeat("x", 64<<10))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+				t.Fatalf("64 KB of headers: %d", resp.StatusCode)
 			}
 		}},
 		{"client that never reads", func(t *testing.T) {

@@ -39,6 +39,11 @@ const (
 	DefaultInboundRate      = 20
 	DefaultInboundBurst     = 60
 	DefaultWriteTimeout     = 10 * time.Second
+	// HTTP server limits (HTTPServer).
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultHTTPWriteTimeout  = 30 * time.Second
+	DefaultHTTPIdleTimeout   = 60 * time.Second
+	DefaultMaxHeaderBytes    = 16 << 10
 )
 
 // Config configures a Node. Zero values take the defaults above.
@@ -76,6 +81,15 @@ type Config struct {
 	MaxFrameBytes int
 	// WriteTimeout bounds one write to a socket.
 	WriteTimeout time.Duration
+	// ReadHeaderTimeout bounds reading a request's headers (slowloris);
+	// HTTPWriteTimeout bounds writing an HTTP response (a /v1/changes read
+	// or a refused handshake; an upgraded socket's writes are bounded by
+	// WriteTimeout each, its reads by IdleTimeout); HTTPIdleTimeout closes
+	// idle keep-alive connections; MaxHeaderBytes caps request headers.
+	ReadHeaderTimeout time.Duration
+	HTTPWriteTimeout  time.Duration
+	HTTPIdleTimeout   time.Duration
+	MaxHeaderBytes    int
 	// AllowedOrigins restricts browser origins at the upgrade ("*" for any).
 	// Empty allows requests without an Origin header and same-host origins.
 	AllowedOrigins []string
@@ -129,6 +143,18 @@ func (c *Config) setDefaults() error {
 	}
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.ReadHeaderTimeout <= 0 {
+		c.ReadHeaderTimeout = DefaultReadHeaderTimeout
+	}
+	if c.HTTPWriteTimeout <= 0 {
+		c.HTTPWriteTimeout = DefaultHTTPWriteTimeout
+	}
+	if c.HTTPIdleTimeout <= 0 {
+		c.HTTPIdleTimeout = DefaultHTTPIdleTimeout
+	}
+	if c.MaxHeaderBytes <= 0 {
+		c.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
 	if c.Clock == nil {
 		c.Clock = realSyncClock{}
@@ -370,6 +396,21 @@ func (n *Node) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/socket", n.serveSocket)
 	mux.HandleFunc("GET /v1/changes", n.serveChanges)
 	return mux
+}
+
+// HTTPServer returns a server for Handler with the node's HTTP limits:
+// header read, response write and keep-alive idle timeouts and a header size
+// cap. An upgraded socket leaves the server's deadlines behind: its writer
+// sets a deadline per write and idle eviction bounds its reads.
+func (n *Node) HTTPServer() *http.Server {
+	return &http.Server{
+		Handler:           n.Handler(),
+		ReadHeaderTimeout: n.cfg.ReadHeaderTimeout,
+		WriteTimeout:      n.cfg.HTTPWriteTimeout,
+		IdleTimeout:       n.cfg.HTTPIdleTimeout,
+		MaxHeaderBytes:    n.cfg.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(n.log.Handler(), slog.LevelDebug),
+	}
 }
 
 // Close closes every socket with 1001, stops the node's goroutines and
