@@ -7,7 +7,7 @@ import (
 )
 
 // ops lists the operations Counters counts, in index order.
-var ops = [...]Op{OpInsert, OpUpdate, OpDelete, OpTruncate, OpMessage, OpResync, OpQuarantine}
+var ops = [...]Op{OpInsert, OpUpdate, OpDelete, OpTruncate, OpMessage, OpQuarantine, OpResync}
 
 // opIndex maps an Op to its slot in EntityCounters; -1 for an unknown one.
 func opIndex(op Op) int {
@@ -22,9 +22,9 @@ func opIndex(op Op) int {
 		return 3
 	case OpMessage:
 		return 4
-	case OpResync:
-		return 5
 	case OpQuarantine:
+		return 5
+	case OpResync:
 		return 6
 	}
 	return -1

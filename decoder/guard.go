@@ -250,3 +250,63 @@ func AppendQuarantine(dst []byte, q QuarantineOf) QuarantineTail {
 	out.Tail = b[len(dst):]
 	return out
 }
+
+// QuarantineTransaction returns tx with every change replaced by a
+// quarantine entry of the given reason, built lazily as the result is
+// iterated (a huge transaction is never held in memory for it), for a
+// transaction the journal keeps refusing (DESIGN §5 Limits). Closing the
+// result closes tx.
+func QuarantineTransaction(tx *Transaction, reason, detail string) *Transaction {
+	src := &quarantineSource{tx: tx, reason: reason, detail: detail,
+		head: appendHead(nil, tx.Xid, tx.EndLSN, tx.CommitTime)}
+	return &Transaction{Xid: tx.Xid, CommitLSN: tx.CommitLSN, EndLSN: tx.EndLSN, CommitTime: tx.CommitTime, n: tx.Len(), spill: src}
+}
+
+// quarantineSource is a changeSource mapping a transaction's changes to
+// quarantine entries.
+type quarantineSource struct {
+	tx             *Transaction
+	reason, detail string
+	head           []byte
+}
+
+func (s *quarantineSource) open() (changeReader, error) {
+	return &quarantineReader{src: s, it: s.tx.Changes()}, nil
+}
+
+func (s *quarantineSource) close() error { return s.tx.Close() }
+
+type quarantineReader struct {
+	src  *quarantineSource
+	it   *ChangeIter
+	tail []byte
+}
+
+func (r *quarantineReader) next(c *Change) (bool, error) {
+	if !r.it.Next() {
+		return false, r.it.Err()
+	}
+	o := r.it.Change()
+	var key []byte
+	dropTenant := o.TenantState == TenantKnown && !utf8.ValidString(o.Tenant)
+	if !dropTenant && len(o.Key) > 0 && len(o.Key) <= maxQuarantineKeyBytes && utf8.Valid(o.Key) {
+		key = o.Key
+	}
+	q := AppendQuarantine(r.tail[:0], QuarantineOf{Entity: o.Entity, Op: o.Op, Reason: r.src.reason, Detail: r.src.detail,
+		Body: o.Body, Key: key, Tenant: o.Tenant, HasTenant: o.TenantState == TenantKnown})
+	r.tail = q.Tail
+	var off int
+	c.Body, off = appendBody(c.Body[:0], o.LSN, r.src.head, q.Tail)
+	c.LSN, c.Entity, c.Op = o.LSN, q.Entity, OpQuarantine
+	c.Tenant, c.TenantState = o.Tenant, o.TenantState
+	if dropTenant {
+		c.Tenant, c.TenantState = "", TenantUnresolved
+	}
+	c.Key = nil
+	if q.KeyLen > 0 {
+		c.Key = c.Body[off+q.KeyOff : off+q.KeyOff+q.KeyLen : off+q.KeyOff+q.KeyLen]
+	}
+	return true, nil
+}
+
+func (r *quarantineReader) close() error { return nil }

@@ -5,52 +5,100 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"math"
 	"os"
 )
 
 // A spill file holds a transaction's changes in order, one record each:
 //
-//	lsn u64 | sub u32 | op u8 | tenant state u8 | entity len u16 |
+//	lsn u64 | sub u32 | op u8 | tenant state u8 | entity len u32 |
 //	tenant len u32 | key offset u32 | key len u32 | tail len u32 |
 //	entity | tenant | tail
 //
-// all integers big-endian. The file is created in Config.SpillDir, deleted
-// when the transaction aborts or, once committed, when it is Closed.
-const spillHeader = 8 + 4 + 1 + 1 + 2 + 4 + 4 + 4 + 4
+// all integers big-endian; every length is 32-bit (a logical message's
+// entity is its prefix, which Postgres does not bound). The reader checks
+// each record against the file's size before it allocates for it, so a
+// corrupt file is an error naming it, never a panic or a huge allocation.
+//
+// The file is created in Config.SpillDir and unlinked at once: the open
+// *os.File keeps its data until the transaction aborts or, once committed,
+// is Closed, and a process that is killed leaves no file behind (the kernel
+// frees the space when the descriptor goes). Its space still counts in df,
+// not in ls or du. Where the file system cannot unlink an open file, it is
+// removed on close instead.
+const spillHeader = 8 + 4 + 1 + 1 + 4 + 4 + 4 + 4 + 4
+
+// spillFile is an open spill file.
+type spillFile struct {
+	f      *os.File
+	linked bool // the unlink at creation failed: remove on close
+}
+
+func createSpillFile(dir string) (spillFile, error) {
+	f, err := os.CreateTemp(dir, "walcast-spill-*")
+	if err != nil {
+		return spillFile{}, fmt.Errorf("decoder: create spill file (set the spill directory to a writable one with room for the largest transaction): %w", err)
+	}
+	return spillFile{f: f, linked: os.Remove(f.Name()) != nil}, nil
+}
+
+func (s spillFile) name() string { return s.f.Name() }
+
+func (s spillFile) close() error {
+	err := s.f.Close()
+	if s.linked {
+		if rerr := os.Remove(s.f.Name()); err == nil {
+			err = rerr
+		}
+	}
+	return err
+}
 
 type spillWriter struct {
-	f    *os.File
+	file spillFile
 	w    *bufio.Writer
 	size int64
 	hdr  [spillHeader]byte
 }
 
 func newSpillWriter(dir string) (*spillWriter, error) {
-	f, err := os.CreateTemp(dir, "walcast-spill-*")
+	f, err := createSpillFile(dir)
 	if err != nil {
-		return nil, fmt.Errorf("decoder: create spill file (set the spill directory to a writable one with room for the largest transaction): %w", err)
+		return nil, err
 	}
-	return &spillWriter{f: f, w: bufio.NewWriterSize(f, 256<<10)}, nil
+	return &spillWriter{file: f, w: bufio.NewWriterSize(f.f, 256<<10)}, nil
 }
 
 func (s *spillWriter) write(r *rec, tail []byte) error {
+	if err := checkSpillLens(len(r.entity), len(r.tenant), len(tail)); err != nil {
+		return fmt.Errorf("decoder: write spill file %s: %w at LSN %s", s.file.name(), err, r.lsn)
+	}
 	h := s.hdr[:]
 	binary.BigEndian.PutUint64(h[0:], uint64(r.lsn))
 	binary.BigEndian.PutUint32(h[8:], r.sub)
 	h[12] = r.op
 	h[13] = byte(r.tstate)
-	binary.BigEndian.PutUint16(h[14:], uint16(len(r.entity)))
-	binary.BigEndian.PutUint32(h[16:], uint32(len(r.tenant)))
-	binary.BigEndian.PutUint32(h[20:], r.keyOff)
-	binary.BigEndian.PutUint32(h[24:], r.keyLen)
-	binary.BigEndian.PutUint32(h[28:], uint32(len(tail)))
+	binary.BigEndian.PutUint32(h[14:], uint32(len(r.entity)))
+	binary.BigEndian.PutUint32(h[18:], uint32(len(r.tenant)))
+	binary.BigEndian.PutUint32(h[22:], r.keyOff)
+	binary.BigEndian.PutUint32(h[26:], r.keyLen)
+	binary.BigEndian.PutUint32(h[30:], uint32(len(tail)))
+	// bufio.Writer's error is sticky: the last write reports any.
 	s.w.Write(h)
 	s.w.WriteString(r.entity)
 	s.w.WriteString(r.tenant)
 	if _, err := s.w.Write(tail); err != nil {
-		return fmt.Errorf("decoder: write spill file %s: %w", s.f.Name(), err)
+		return fmt.Errorf("decoder: write spill file %s: %w", s.file.name(), err)
 	}
 	s.size += int64(spillHeader + len(r.entity) + len(r.tenant) + len(tail))
+	return nil
+}
+
+// checkSpillLens refuses lengths a spill record cannot describe.
+func checkSpillLens(entity, tenant, tail int) error {
+	if uint64(entity) > math.MaxUint32 || uint64(tenant) > math.MaxUint32 || uint64(tail) > math.MaxUint32 {
+		return fmt.Errorf("%w: entity %d, tenant %d, envelope %d bytes", ErrChangeTooLarge, entity, tenant, tail)
+	}
 	return nil
 }
 
@@ -58,23 +106,16 @@ func (s *spillWriter) write(r *rec, tail []byte) error {
 func (s *spillWriter) finish(head []byte, aborted map[uint32]struct{}) (*spillSource, error) {
 	if err := s.w.Flush(); err != nil {
 		_ = s.discard()
-		return nil, fmt.Errorf("decoder: write spill file %s: %w", s.f.Name(), err)
+		return nil, fmt.Errorf("decoder: write spill file %s: %w", s.file.name(), err)
 	}
-	return &spillSource{f: s.f, size: s.size, head: head, aborted: aborted}, nil
+	return &spillSource{file: s.file, size: s.size, head: head, aborted: aborted}, nil
 }
 
-func (s *spillWriter) discard() error {
-	name := s.f.Name()
-	err := s.f.Close()
-	if rerr := os.Remove(name); err == nil {
-		err = rerr
-	}
-	return err
-}
+func (s *spillWriter) discard() error { return s.file.close() }
 
 // spillSource is a committed transaction's spill file (changeSource).
 type spillSource struct {
-	f       *os.File
+	file    spillFile
 	size    int64
 	head    []byte
 	aborted map[uint32]struct{}
@@ -83,27 +124,25 @@ type spillSource struct {
 func (s *spillSource) open() (changeReader, error) {
 	return &spillReader{
 		src:      s,
-		r:        bufio.NewReaderSize(io.NewSectionReader(s.f, 0, s.size), 256<<10),
+		r:        bufio.NewReaderSize(io.NewSectionReader(s.file.f, 0, s.size), 256<<10),
 		entities: make(map[string]string),
 	}, nil
 }
 
-func (s *spillSource) close() error {
-	name := s.f.Name()
-	err := s.f.Close()
-	if rerr := os.Remove(name); err == nil {
-		err = rerr
-	}
-	return err
-}
+func (s *spillSource) close() error { return s.file.close() }
 
 type spillReader struct {
 	src      *spillSource
 	r        *bufio.Reader
+	pos      int64 // file offset of the next record
 	hdr      [spillHeader]byte
 	buf      []byte
 	entities map[string]string // interned: a transaction touches few entities
 	tenants  map[string]string
+}
+
+func (r *spillReader) corrupt(what string) error {
+	return fmt.Errorf("decoder: spill file %s is corrupt: record at offset %d: %s", r.src.file.name(), r.pos, what)
 }
 
 func (r *spillReader) next(c *Change) (bool, error) {
@@ -112,31 +151,42 @@ func (r *spillReader) next(c *Change) (bool, error) {
 			if err == io.EOF {
 				return false, nil
 			}
-			return false, fmt.Errorf("decoder: read spill file %s: %w", r.src.f.Name(), err)
+			if err == io.ErrUnexpectedEOF {
+				return false, r.corrupt("truncated header")
+			}
+			return false, fmt.Errorf("decoder: read spill file %s: %w", r.src.file.name(), err)
 		}
 		h := r.hdr[:]
 		lsn := LSN(binary.BigEndian.Uint64(h[0:]))
 		sub := binary.BigEndian.Uint32(h[8:])
 		op := h[12]
 		ts := TenantState(h[13])
-		entLen := int(binary.BigEndian.Uint16(h[14:]))
-		tenLen := int(binary.BigEndian.Uint32(h[16:]))
-		keyOff := int(binary.BigEndian.Uint32(h[20:]))
-		keyLen := int(binary.BigEndian.Uint32(h[24:]))
-		tailLen := int(binary.BigEndian.Uint32(h[28:]))
+		entLen := int64(binary.BigEndian.Uint32(h[14:]))
+		tenLen := int64(binary.BigEndian.Uint32(h[18:]))
+		keyOff := int64(binary.BigEndian.Uint32(h[22:]))
+		keyLen := int64(binary.BigEndian.Uint32(h[26:]))
+		tailLen := int64(binary.BigEndian.Uint32(h[30:]))
 		n := entLen + tenLen + tailLen
-		if cap(r.buf) < n {
+		switch {
+		case int(op) >= len(opNames):
+			return false, r.corrupt(fmt.Sprintf("unknown op %d", op))
+		case ts > TenantUnresolved:
+			return false, r.corrupt(fmt.Sprintf("unknown tenant state %d", ts))
+		case n > r.src.size-r.pos-spillHeader:
+			return false, r.corrupt(fmt.Sprintf("%d bytes of entity, tenant and tail run past the file's %d bytes", n, r.src.size))
+		case keyOff+keyLen > tailLen:
+			return false, r.corrupt(fmt.Sprintf("key at %d+%d outside a tail of %d bytes", keyOff, keyLen, tailLen))
+		}
+		if int64(cap(r.buf)) < n {
 			r.buf = make([]byte, n)
 		}
 		b := r.buf[:n]
 		if _, err := io.ReadFull(r.r, b); err != nil {
-			return false, fmt.Errorf("decoder: read spill file %s: %w", r.src.f.Name(), err)
+			return false, fmt.Errorf("decoder: read spill file %s: %w", r.src.file.name(), err)
 		}
+		r.pos += spillHeader + n
 		if _, gone := r.src.aborted[sub]; gone {
 			continue
-		}
-		if int(op) >= len(opNames) || keyOff+keyLen > tailLen {
-			return false, fmt.Errorf("decoder: spill file %s is corrupt", r.src.f.Name())
 		}
 		ent := b[:entLen]
 		entity, ok := r.entities[string(ent)]
@@ -153,7 +203,8 @@ func (r *spillReader) next(c *Change) (bool, error) {
 		c.LSN, c.Entity, c.Op, c.Tenant, c.TenantState = lsn, entity, opNames[op], tenant, ts
 		c.Key = nil
 		if keyLen > 0 {
-			c.Key = c.Body[off+keyOff : off+keyOff+keyLen : off+keyOff+keyLen]
+			k, e := off+int(keyOff), off+int(keyOff+keyLen)
+			c.Key = c.Body[k:e:e]
 		}
 		return true, nil
 	}

@@ -3,9 +3,11 @@ package decoder
 import (
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 )
 
 const (
@@ -14,7 +16,7 @@ const (
 	opDelete
 	opTruncate
 	opMessage
-	opQuarantine // never an index into EntityCounters: count with Add(OpQuarantine)
+	opQuarantine
 )
 
 var opNames = [...]Op{opInsert: OpInsert, opUpdate: OpUpdate, opDelete: OpDelete, opTruncate: OpTruncate, opMessage: OpMessage, opQuarantine: OpQuarantine}
@@ -22,6 +24,11 @@ var opNames = [...]Op{opInsert: OpInsert, opUpdate: OpUpdate, opDelete: OpDelete
 // rec is one buffered change. Its tail — the envelope from `,"entity":` to
 // the closing brace — lives in the transaction's arena (or its spill file);
 // the head with lsn, commitLsn, xid and commitTime is only known at commit.
+//
+// Offsets are 32-bit. They cannot wrap: add spills a transaction whose arena
+// passes maxArena (1 GiB) whatever the memory budget, so a tail always
+// starts below 1 GiB, and add refuses a tail whose recorded length
+// disagrees with the arena (a single change of 4 GiB or more).
 type rec struct {
 	lsn              LSN
 	sub              uint32 // (sub)transaction xid that made the change, for subtransaction aborts
@@ -36,13 +43,29 @@ type rec struct {
 // recOverhead approximates a rec's own memory, for the budget.
 const recOverhead = 96
 
+// maxArena bounds one transaction's arena, whatever the memory budget: past
+// it the transaction is spilled, so that rec's 32-bit offsets never wrap.
+// A variable so that tests can prove the bound without 2 GiB of memory.
+var maxArena = 1 << 30
+
+// spillArenaKeep is the arena capacity a spilled transaction keeps between
+// changes (each change passes through the arena on its way to the file);
+// a larger one, left by a big change, is released.
+const spillArenaKeep = 256 << 10
+
+// poolKeep bounds the buffer capacity the decoder keeps in its pool of
+// finished transactions' states, in bytes; see recycle.
+const poolKeep = 8 << 20
+
 // txState is a transaction being assembled.
 type txState struct {
 	xid      uint32
 	streamed bool
 	arena    []byte
 	recs     []rec
-	mem      int64 // bytes counted against the budget
+	mem      int64 // bytes counted against the budget: len(arena) + recMem
+	recMem   int64 // recOverhead and tenant bytes of recs
+	dead     int64 // arena bytes of aborted subtransactions' changes, until compact
 	n        int   // changes that will be delivered
 	subN     map[uint32]int
 	lastSub  uint32 // subN caches the count for lastSub in lastN
@@ -113,7 +136,10 @@ func (d *Decoder) newTx(xid uint32, streamed bool) *txState {
 	return tx
 }
 
-// recycle returns tx's buffers to the pool, keeping modest ones only.
+// recycle returns tx's buffers to the pool, keeping modest ones only: none
+// over 4 MiB (arena) or 64 Ki recs, and at most poolKeep bytes of capacity
+// across the pool, so a burst of concurrent transactions leaves no large
+// buffers behind outside the budget.
 func (d *Decoder) recycle(tx *txState) {
 	d.mem -= tx.mem
 	arena, recs := tx.arena[:0], tx.recs[:0]
@@ -126,14 +152,56 @@ func (d *Decoder) recycle(tx *txState) {
 		clear(recs[:cap(recs)])
 	}
 	*tx = txState{arena: arena, recs: recs}
-	if len(d.free) < 8 {
-		d.free = append(d.free, tx)
+	if len(d.free) >= 8 {
+		return
 	}
+	pooled := tx.bufBytes()
+	for _, f := range d.free {
+		pooled += f.bufBytes()
+	}
+	if pooled > poolKeep {
+		tx.arena, tx.recs = nil, nil
+	}
+	d.free = append(d.free, tx)
 }
 
-// add appends a change whose tail the caller has just appended to tx.arena.
+// bufBytes is the capacity of tx's buffers, in bytes.
+func (tx *txState) bufBytes() int {
+	return cap(tx.arena) + cap(tx.recs)*int(unsafe.Sizeof(rec{}))
+}
+
+// tail returns r's tail in arena. Offsets are added as int: their uint32
+// sum can wrap for a tail that ends past 4 GiB (see add).
+func (r *rec) tail(arena []byte) []byte {
+	off := int(r.tailOff)
+	return arena[off : off+int(r.tailLen)]
+}
+
+// account sets tx.mem to what tx holds in memory and d.mem to match.
+func (d *Decoder) account(tx *txState) {
+	m := int64(len(tx.arena)) + tx.recMem
+	d.mem += m - tx.mem
+	tx.mem = m
+}
+
+// ErrChangeTooLarge is returned by Decode for a change whose envelope
+// encodes to 4 GiB or more, which no spill record (and no journal entry)
+// can hold; the guard is meant to replace such a change before it gets here.
+var ErrChangeTooLarge = errors.New("decoder: change too large to buffer (4 GiB or more encoded)")
+
+// add appends a change whose tail the caller has just appended to tx.arena:
+// the tail is tx.arena[r.tailOff:], r.tailLen bytes long.
+//
+// It keeps the arena's offsets safe: r.tailOff is below maxArena because a
+// transaction whose arena passes maxArena is spilled before the next change,
+// and a tail whose 32-bit length disagrees with the arena is refused.
 func (d *Decoder) add(tx *txState, r rec) error {
 	r = d.guard(tx, r)
+	if int64(r.tailOff)+int64(r.tailLen) != int64(len(tx.arena)) {
+		n := int64(len(tx.arena)) - int64(r.tailOff)
+		tx.arena = tx.arena[:r.tailOff]
+		return fmt.Errorf("%w: %s at LSN %s encodes to %d bytes", ErrChangeTooLarge, r.entity, r.lsn, n)
+	}
 	d.stats.Changes++
 	tx.n++
 	if tx.streamed {
@@ -150,16 +218,23 @@ func (d *Decoder) add(tx *txState, r rec) error {
 	}
 	if tx.sp != nil {
 		tx.countSpilled(&r)
-		err := tx.sp.write(&r, tx.arena[r.tailOff:r.tailOff+r.tailLen])
+		err := tx.sp.write(&r, r.tail(tx.arena))
 		tx.arena = tx.arena[:r.tailOff]
+		if cap(tx.arena) > spillArenaKeep {
+			tx.arena = nil // a big change passed through; do not keep its buffer
+		}
 		return err
 	}
 	tx.recs = append(tx.recs, r)
-	sz := int64(r.tailLen) + int64(len(r.tenant)) + recOverhead
-	tx.mem += sz
-	d.mem += sz
+	tx.recMem += int64(len(r.tenant)) + recOverhead
+	d.account(tx)
 	if d.mem > d.stats.BufferedHigh {
 		d.stats.BufferedHigh = d.mem
+	}
+	if len(tx.arena) > maxArena {
+		if err := d.spill(tx); err != nil {
+			return err
+		}
 	}
 	for d.mem > d.cfg.MemoryBudget {
 		moved, err := d.spillLargest()
@@ -186,27 +261,36 @@ func (d *Decoder) spillLargest() (bool, error) {
 	if big == nil || big.mem == 0 {
 		return false, nil
 	}
+	return true, d.spill(big)
+}
+
+// spill moves in-memory tx to a spill file and releases its buffers: from
+// now on each change only passes through the arena on its way to the file.
+func (d *Decoder) spill(tx *txState) error {
 	sp, err := newSpillWriter(d.cfg.SpillDir)
 	if err != nil {
-		return false, err
+		return err
 	}
-	for i := range big.recs {
-		r := &big.recs[i]
-		if err := sp.write(r, big.arena[r.tailOff:r.tailOff+r.tailLen]); err != nil {
+	for i := range tx.recs {
+		r := &tx.recs[i]
+		if err := sp.write(r, r.tail(tx.arena)); err != nil {
 			_ = sp.discard()
-			big.spillN, big.spillOver = nil, false
-			return false, err
+			tx.spillN, tx.spillOver = nil, false
+			return err
 		}
-		big.countSpilled(r)
+		tx.countSpilled(r)
 	}
-	big.sp = sp
-	d.mem -= big.mem
-	big.mem = 0
-	clear(big.recs)
-	big.recs = big.recs[:0]
-	big.arena = big.arena[:0]
+	tx.sp = sp
+	d.mem -= tx.mem
+	tx.mem, tx.recMem, tx.dead = 0, 0, 0
+	tx.recs = nil
+	if cap(tx.arena) > spillArenaKeep {
+		tx.arena = nil
+	} else {
+		tx.arena = tx.arena[:0]
+	}
 	d.stats.Spilled++
-	return true, nil
+	return nil
 }
 
 func (tx *txState) flushSub() {
@@ -219,7 +303,11 @@ func (tx *txState) flushSub() {
 	}
 }
 
-// abortSub discards the changes of subtransaction sub of streamed tx.
+// abortSub discards the changes of subtransaction sub of streamed tx. In
+// memory, their recs go at once and their tails become dead arena bytes,
+// still counted against the budget, until compact reclaims them: as soon as
+// they are half the arena, so that the copying costs at most as much as the
+// bytes aborted (a savepoint rolled back per row stays linear).
 func (d *Decoder) abortSub(tx *txState, sub uint32) {
 	tx.flushSub()
 	n := tx.subN[sub]
@@ -236,18 +324,40 @@ func (d *Decoder) abortSub(tx *txState, sub uint32) {
 		return
 	}
 	keep := tx.recs[:0]
-	var freed int64
 	for _, r := range tx.recs {
 		if r.sub == sub {
-			freed += int64(r.tailLen) + int64(len(r.tenant)) + recOverhead
+			tx.recMem -= int64(len(r.tenant)) + recOverhead
+			tx.dead += int64(r.tailLen)
 			continue
 		}
 		keep = append(keep, r)
 	}
 	clear(tx.recs[len(keep):])
 	tx.recs = keep
-	tx.mem -= freed
-	d.mem -= freed
+	if tx.dead*2 >= int64(len(tx.arena)) {
+		tx.compact()
+	}
+	d.account(tx)
+}
+
+// compact moves the live tails of tx's arena together, dropping the dead
+// bytes of aborted subtransactions, and releases buffers that are now
+// mostly empty.
+func (tx *txState) compact() {
+	w := 0
+	for i := range tx.recs {
+		r := &tx.recs[i]
+		w += copy(tx.arena[w:], r.tail(tx.arena))
+		r.tailOff = uint32(w) - r.tailLen
+	}
+	tx.arena = tx.arena[:w]
+	tx.dead = 0
+	if c := cap(tx.arena); c > spillArenaKeep && c > 4*w {
+		tx.arena = append([]byte(nil), tx.arena...)
+	}
+	if c := cap(tx.recs); c > 4096 && c > 4*len(tx.recs) {
+		tx.recs = append([]rec(nil), tx.recs...)
+	}
 }
 
 // drop discards a partial transaction and its spill file.
@@ -325,7 +435,7 @@ func materialize(tx *txState, head []byte) []Change {
 		r := &tx.recs[i]
 		start := len(bodies)
 		var off int
-		bodies, off = appendBody(bodies, r.lsn, head, tx.arena[r.tailOff:r.tailOff+r.tailLen])
+		bodies, off = appendBody(bodies, r.lsn, head, r.tail(tx.arena))
 		c := &out[i]
 		c.LSN, c.Entity, c.Op, c.Tenant, c.TenantState = r.lsn, r.entity, opNames[r.op], r.tenant, r.tstate
 		c.Body = bodies[start:len(bodies):len(bodies)]

@@ -26,6 +26,12 @@ type appendOpts struct {
 	source         *Source
 }
 
+// ErrUnencodable is in the chain of an append error caused by a change the
+// journal cannot encode as an entry (its body is not a JSON object, its LSN
+// does not fit): the same input fails the same way, so the replicator
+// quarantines it rather than retrying forever.
+var ErrUnencodable = errors.New("change cannot be journaled as-is")
+
 // entryColumns is the COPY column order; copySource.encode follows it.
 var entryColumns = []string{"seq", "entity", "entity_seq", "tenant", "tenant_unknown", "op",
 	"key_hash", "key", "lsn", "commit_lsn", "xid", "commit_time", "size", "envelope"}
@@ -426,10 +432,10 @@ func (s *copySource) encode(c *decoder.Change) error {
 	t := s.cur
 	body := c.Body
 	if len(body) < 3 || body[0] != '{' || body[1] != '"' || body[len(body)-1] != '}' {
-		return fmt.Errorf("change at %s in transaction %d: body is not a JSON object starting with a field", c.LSN, t.Xid)
+		return fmt.Errorf("%w: change at %s in transaction %d: body is not a JSON object starting with a field", ErrUnencodable, c.LSN, t.Xid)
 	}
 	if c.LSN > math.MaxInt64 {
-		return fmt.Errorf("change LSN %s does not fit the journal's bigint", c.LSN)
+		return fmt.Errorf("%w: change LSN %s does not fit the journal's bigint", ErrUnencodable, c.LSN)
 	}
 	seq := s.next
 	s.next++

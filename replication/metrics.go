@@ -2,6 +2,7 @@ package replication
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -67,6 +68,12 @@ func (r *Replicator) countJournaled(wm decoder.LSN, txs []*decoder.Transaction) 
 }
 
 func (r *Replicator) countJournaledRun(entity string, op decoder.Op, n int) {
+	if op == decoder.OpMessage {
+		// Message prefixes are unbounded: past MaxMessageEntities they
+		// count under decoder.OtherEntity, as the decoded counts do.
+		r.journaled.Message(entity).Add(op, uint64(n))
+		return
+	}
 	r.journaled.Add(entity, op, uint64(n))
 }
 
@@ -166,6 +173,11 @@ func (r *Replicator) RegisterMetrics(meter metric.Meter) error {
 	if err != nil {
 		return err
 	}
+	quarantined, err := meter.Int64ObservableCounter("walcast.quarantined",
+		metric.WithDescription("changes journaled as quarantine entries because they could not be carried as-is, by reason (entity-not-utf8, tenant-not-utf8, not-utf8, too-large, append-failed); alert on any increase"))
+	if err != nil {
+		return err
+	}
 	roles := []Role{RoleStarting, RoleStandby, RoleActive, RoleReconnecting, RoleStopped}
 	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		s := r.State()
@@ -190,8 +202,11 @@ func (r *Replicator) RegisterMetrics(meter metric.Meter) error {
 		o.ObserveInt64(reconnects, int64(st.Reconnects.Load()))
 		observeByEntity(o, decoded, r.decoded)
 		observeByEntity(o, journaled, r.journaled)
+		r.quarantined.each(func(reason string, n uint64) {
+			o.ObserveInt64(quarantined, int64(n), metric.WithAttributes(attribute.String("reason", reason)))
+		})
 		return nil
-	}, role, lag, delay, gen, txs, changes, batches, reconnects, decoded, journaled)
+	}, role, lag, delay, gen, txs, changes, batches, reconnects, decoded, journaled, quarantined)
 	return err
 }
 
@@ -200,4 +215,37 @@ func observeByEntity(o metric.Observer, inst metric.Int64Observable, c *decoder.
 	c.Each(func(entity string, op decoder.Op, n uint64) {
 		o.ObserveInt64(inst, int64(n), metric.WithAttributes(attribute.String("entity", entity), attribute.String("op", string(op))))
 	})
+}
+
+// reasonCounts counts quarantined changes by reason (decoder.Reason…), for
+// the walcast.quarantined metric. Safe for concurrent use.
+type reasonCounts struct {
+	mu sync.Mutex // guards m
+	m  map[string]uint64
+}
+
+func (c *reasonCounts) add(reason string, n uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = make(map[string]uint64)
+	}
+	c.m[reason] += n
+}
+
+// each calls fn for every reason counted, in no particular order.
+func (c *reasonCounts) each(fn func(reason string, n uint64)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, v := range c.m {
+		fn(k, v)
+	}
+}
+
+// Quarantined returns the number of changes journaled as quarantine entries
+// with reason (decoder.Reason…), for tests and reports.
+func (r *Replicator) Quarantined(reason string) uint64 {
+	r.quarantined.mu.Lock()
+	defer r.quarantined.mu.Unlock()
+	return r.quarantined.m[reason]
 }

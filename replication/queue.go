@@ -14,6 +14,7 @@ type queueItem struct {
 	tx      *decoder.Transaction
 	advance decoder.LSN
 	changes int
+	bytes   int64 // tx.MemBytes(): what the item holds in memory
 }
 
 func (it queueItem) release() {
@@ -22,24 +23,75 @@ func (it queueItem) release() {
 	}
 }
 
+// defaultMemoryBudget is Config.MemoryBudget's default.
+const defaultMemoryBudget = 64 << 20
+
+// MemoryOverhead is the constant of the memory promise: with QueueMaxBytes
+// at its default, the resident memory of the replication pipeline —
+// decoder, queue and journal writer — stays under Config.MemoryBudget +
+// MemoryOverhead. It covers the Go runtime and binary (about 16 MiB), the
+// spill files' buffers (256 KiB to write, 256 KiB plus the largest change to
+// read), the decoder's pool of buffers (at most 8 MiB) and the journal's
+// COPY chunk. BenchmarkMemoryPipeline measured at most MemoryBudget + 4 MiB
+// (64 MiB budget: 42, 68 and 64 MiB peak for its three workloads; 256 MiB:
+// 129, 168 and 165 MiB). It does not cover other parts of the process (an
+// embedded NATS server, the publisher).
+const MemoryOverhead = 32 << 20
+
+// How Config.MemoryBudget is shared. The Go heap peaks at about twice the
+// memory in use (GOGC=100), and an in-memory transaction being assembled
+// costs about 1.3 times the bytes the decoder counts (its buffers grow by
+// copying), so the decoder is given a sixth of the budget in counted bytes
+// and the queue a quarter: 2×(1.3/6 + 1/4) < 1.
+const (
+	decoderBudgetShare = 6 // decoder.Config.MemoryBudget = MemoryBudget / decoderBudgetShare
+	queueBudgetShare   = 4 // QueueMaxBytes default = MemoryBudget / queueBudgetShare
+)
+
+// decoderBudget is the decoder's memory budget (decoder.Config.MemoryBudget)
+// under the operator's c.MemoryBudget; see decoderBudgetShare.
+func (c *Config) decoderBudget() int64 { return max(c.MemoryBudget/decoderBudgetShare, 1) }
+
+// defaultQueueMaxBytes is the byte bound of a queue made by newQueue: what
+// Config.setDefaults derives from the default memory budget.
+const defaultQueueMaxBytes = defaultMemoryBudget / queueBudgetShare
+
 // queue hands decoded transactions from the receive loop to the journal
-// writer. It is bounded by the number of changes it holds (an empty queue
-// admits any one transaction) and tracks what is in flight, so the loop can
-// tell when nothing is buffered, queued or being written.
+// writer. It is bounded by the bytes of memory its transactions hold from
+// the moment they are pushed until the writer marks them done — queued and
+// being journaled alike — and by the number of changes queued (an empty
+// queue admits any one transaction, whatever its size: a large one is in a
+// spill file and holds next to nothing). It tracks what is in flight, so the
+// loop can tell when nothing is buffered, queued or being written.
+//
+// A batch takes at most half the byte bound (and at least one item), so the
+// loop can decode the next batch while one is being journaled.
 type queue struct {
-	max int
+	max      int
+	maxBytes int64
 
 	mu       sync.Mutex // guards the following fields
 	items    []queueItem
 	changes  int           // changes in items
-	inflight int           // items taken by the writer and not yet done
+	bytes    int64         // bytes of items and of those in flight
+	inflight []int64       // bytes of each item taken by the writer and not yet done, in take order
 	closed   bool          // no more takes
 	ready    chan struct{} // signalled (cap 1) when items are added or the queue closes
-	roomCh   chan struct{} // signalled (cap 1) when items leave
+	roomCh   chan struct{} // signalled (cap 1) when items leave or are done
 }
 
-func newQueue(maxChanges int) *queue {
-	return &queue{max: maxChanges, ready: make(chan struct{}, 1), roomCh: make(chan struct{}, 1)}
+// newQueue returns a queue of at most maxChanges queued changes and
+// defaultQueueMaxBytes bytes; see newBoundedQueue.
+func newQueue(maxChanges int) *queue { return newBoundedQueue(maxChanges, defaultQueueMaxBytes) }
+
+// newBoundedQueue returns a queue of at most maxChanges queued changes and
+// maxBytes bytes of transactions queued or being journaled
+// (Config.QueueMaxChanges and Config.QueueMaxBytes).
+func newBoundedQueue(maxChanges int, maxBytes int64) *queue {
+	if maxBytes <= 0 {
+		maxBytes = defaultQueueMaxBytes
+	}
+	return &queue{max: maxChanges, maxBytes: maxBytes, ready: make(chan struct{}, 1), roomCh: make(chan struct{}, 1)}
 }
 
 func signal(ch chan struct{}) {
@@ -51,10 +103,17 @@ func signal(ch chan struct{}) {
 
 // push appends committed transactions in commit order.
 func (q *queue) push(txs []*decoder.Transaction) {
-	q.mu.Lock()
+	// MemBytes walks an in-memory transaction's changes: outside the lock.
+	var sizes [16]int64
+	sz := sizes[:0]
 	for _, tx := range txs {
-		q.items = append(q.items, queueItem{tx: tx, changes: tx.Len()})
+		sz = append(sz, tx.MemBytes())
+	}
+	q.mu.Lock()
+	for i, tx := range txs {
+		q.items = append(q.items, queueItem{tx: tx, changes: tx.Len(), bytes: sz[i]})
 		q.changes += tx.Len()
+		q.bytes += sz[i]
 	}
 	q.mu.Unlock()
 	signal(q.ready)
@@ -69,31 +128,44 @@ func (q *queue) pushAdvance(lsn decoder.LSN) {
 }
 
 // full reports whether the loop must stop reading: the queue holds at least
-// max changes.
+// max changes, or its transactions, queued or being journaled, hold at least
+// maxBytes. An empty queue with nothing in flight is never full.
 func (q *queue) full() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.changes >= q.max && len(q.items) > 0
+	if len(q.items) == 0 && len(q.inflight) == 0 {
+		return false
+	}
+	return q.bytes >= q.maxBytes || (q.changes >= q.max && len(q.items) > 0)
+}
+
+// queuedBytes is the bytes of transactions queued or being journaled.
+func (q *queue) queuedBytes() int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.bytes
 }
 
 // idle reports whether nothing is queued or being written.
 func (q *queue) idle() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return len(q.items) == 0 && q.inflight == 0
+	return len(q.items) == 0 && len(q.inflight) == 0
 }
 
-// room is signalled when items leave the queue.
+// room is signalled when items leave the queue or are done.
 func (q *queue) room() <-chan struct{} { return q.roomCh }
 
 // take waits for the first item, then gathers what is queued up to maxTxns
-// items or maxChanges changes; when the queue runs empty it waits up to
-// maxDelay after the first item for more (not at all when maxDelay is 0). It
-// reports false once the queue is closed.
+// items, maxChanges changes or half the queue's byte bound; when the queue
+// runs empty it waits up to maxDelay after the first item for more (not at
+// all when maxDelay is 0). It reports false once the queue is closed.
 func (q *queue) take(maxTxns, maxChanges int, maxDelay time.Duration) ([]queueItem, bool) {
 	var deadline <-chan time.Time
 	var batch []queueItem
 	changes := 0
+	var bytes int64
+	maxBatchBytes := q.maxBytes / 2
 	for {
 		q.mu.Lock()
 		if q.closed {
@@ -102,16 +174,18 @@ func (q *queue) take(maxTxns, maxChanges int, maxDelay time.Duration) ([]queueIt
 			q.requeueFront(batch)
 			return nil, false
 		}
-		for len(q.items) > 0 && len(batch) < maxTxns && (len(batch) == 0 || changes+q.items[0].changes <= maxChanges) {
+		for len(q.items) > 0 && len(batch) < maxTxns && (len(batch) == 0 ||
+			(changes+q.items[0].changes <= maxChanges && bytes+q.items[0].bytes <= maxBatchBytes)) {
 			it := q.items[0]
 			q.items[0] = queueItem{}
 			q.items = q.items[1:]
 			q.changes -= it.changes
-			q.inflight++
+			q.inflight = append(q.inflight, it.bytes)
 			batch = append(batch, it)
 			changes += it.changes
+			bytes += it.bytes
 		}
-		full := len(batch) >= maxTxns || changes >= maxChanges || (len(q.items) > 0 && len(batch) > 0)
+		full := len(batch) >= maxTxns || changes >= maxChanges || bytes >= maxBatchBytes || (len(q.items) > 0 && len(batch) > 0)
 		q.mu.Unlock()
 		if len(batch) > 0 {
 			signal(q.roomCh)
@@ -132,22 +206,32 @@ func (q *queue) take(maxTxns, maxChanges int, maxDelay time.Duration) ([]queueIt
 	}
 }
 
-// requeueFront returns taken items to the queue so drain releases them.
+// requeueFront returns the items of the batch take is building to the
+// queue so drain releases them.
 func (q *queue) requeueFront(items []queueItem) {
 	if len(items) == 0 {
 		return
 	}
 	q.mu.Lock()
 	q.items = append(items, q.items...)
-	q.inflight -= len(items)
+	q.inflight = q.inflight[:len(q.inflight)-len(items)]
+	for _, it := range items {
+		q.changes += it.changes
+	}
 	q.mu.Unlock()
 }
 
-// done marks n taken items as written (or failed).
+// done marks the n oldest taken items as written (or failed): their bytes
+// leave the bound. The writer releases them before.
 func (q *queue) done(n int) {
 	q.mu.Lock()
-	q.inflight -= n
+	n = min(n, len(q.inflight))
+	for _, b := range q.inflight[:n] {
+		q.bytes -= b
+	}
+	q.inflight = append(q.inflight[:0], q.inflight[n:]...)
 	q.mu.Unlock()
+	signal(q.roomCh)
 }
 
 // close stops take; queued items stay for drain.
@@ -164,6 +248,10 @@ func (q *queue) drain() []queueItem {
 	defer q.mu.Unlock()
 	items := q.items
 	q.items, q.changes = nil, 0
+	q.bytes = 0
+	for _, b := range q.inflight {
+		q.bytes += b
+	}
 	return items
 }
 

@@ -62,13 +62,28 @@ type Config struct {
 	BatchMaxTxns    int
 	BatchMaxChanges int
 	BatchMaxDelay   time.Duration
-	// QueueMaxChanges bounds the changes decoded but not yet journaled
-	// (default 100000); past it the loop stops reading WAL but keeps sending
-	// status updates. A single transaction is always admitted to an empty
-	// queue, whatever its size (large ones live in spill files).
+	// QueueMaxBytes bounds the memory held by transactions decoded but not
+	// yet journaled — queued, or in the batch being appended — in bytes, as
+	// decoder.Transaction.MemBytes counts them (default MemoryBudget/4); past
+	// it the loop stops reading WAL but keeps sending status updates. A
+	// spilled transaction counts about a kilobyte: its changes are in its
+	// file. A single transaction is always admitted to an empty queue,
+	// whatever its size. A journal batch takes at most half of it, so the
+	// next batch can be decoded while one is appended.
+	QueueMaxBytes int64
+	// QueueMaxChanges also bounds the changes queued (default 100000).
+	// Bytes are what run out; this only caps the journal's backlog for a
+	// stream of tiny changes.
 	QueueMaxChanges int
 
-	// MemoryBudget and SpillDir configure the decoder (decoder.Config).
+	// MemoryBudget (default 64 MiB) is the resident memory the pipeline's
+	// changes may take, Go's collector headroom included: the decoder holds
+	// in-progress transactions of up to a sixth of it in encoded bytes
+	// before it spills the largest to a file in SpillDir, and the queue
+	// takes a quarter (QueueMaxBytes' default). With QueueMaxBytes at its
+	// default the process stays under MemoryBudget + MemoryOverhead
+	// resident (see MemoryOverhead for what it covers and how it was
+	// measured).
 	MemoryBudget int64
 	SpillDir     string
 
@@ -101,6 +116,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.QueueMaxChanges <= 0 {
 		c.QueueMaxChanges = 100000
+	}
+	if c.MemoryBudget <= 0 {
+		c.MemoryBudget = defaultMemoryBudget
+	}
+	if c.QueueMaxBytes <= 0 {
+		c.QueueMaxBytes = c.MemoryBudget / queueBudgetShare
 	}
 	if c.StandbyPoll <= 0 {
 		c.StandbyPoll = time.Second

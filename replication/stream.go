@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -21,6 +22,7 @@ import (
 func (r *Replicator) stream(ctx context.Context, conn *pgconn.PgConn, gen int64, statusEvery time.Duration) error {
 	dec := decoder.New(decoder.Config{
 		SkipRelations: r.skipRelations, MessagePrefix: r.cfg.MessagePrefix, TenantColumn: r.cfg.TenantColumn,
+		OnQuarantine: func(reason string) { r.quarantined.add(reason, 1) }, MaxEnvelopeBytes: r.cfg.MaxEnvelopeBytes,
 		MemoryBudget: r.cfg.MemoryBudget, SpillDir: r.cfg.SpillDir, Counters: r.decoded,
 	})
 	q := newQueue(r.cfg.QueueMaxChanges)
@@ -29,6 +31,9 @@ func (r *Replicator) stream(ctx context.Context, conn *pgconn.PgConn, gen int64,
 	go func() { writerDone <- r.writer(ctx, q, gen, wake) }()
 
 	loop := &streamLoop{r: r, conn: conn, dec: dec, q: q, wake: wake, writerDone: writerDone, statusEvery: statusEvery}
+	if r.skipRelations != nil {
+		loop.advanceSlack = ownWALSlack
+	}
 	err := loop.run(ctx)
 
 	// Stop the writer: it finishes the batch in flight (journaled batches are
@@ -60,6 +65,29 @@ func (r *Replicator) stream(ctx context.Context, conn *pgconn.PgConn, gen int64,
 	return err
 }
 
+// ownWALSlack bounds the WAL one watermark advance writes when the journal
+// lives in the source database (the meta row's update and commit, a page
+// image after a checkpoint, the standby snapshot that follows): while the
+// source is idle the slot is confirmed to within this of the server's end,
+// and no closer, so that walcast's own writes never feed themselves.
+const ownWALSlack = 32 << 10
+
+// dropEmpty closes and leaves out the transactions whose every change was
+// dropped (journal tables, messages of other prefixes): they are never
+// journaled. Their end positions are covered by the next idle keepalive
+// advance, so they pin no WAL. It filters txs in place.
+func dropEmpty(txs []*decoder.Transaction) []*decoder.Transaction {
+	kept := txs[:0]
+	for _, tx := range txs {
+		if tx.Len() == 0 {
+			_ = tx.Close() // a spilled one whose changes all aborted still has a file
+			continue
+		}
+		kept = append(kept, tx)
+	}
+	return kept
+}
+
 func sendStatus(ctx context.Context, conn *pgconn.PgConn, wm decoder.LSN, reply bool) error {
 	// Write, flush and apply are all set explicitly: pglogrepl would copy the
 	// write position into a zero flush position, and the server's live
@@ -83,6 +111,11 @@ type streamLoop struct {
 
 	writerExited bool
 	writerErr    error
+
+	// advanceSlack is how far the server's WAL end may run ahead of the
+	// watermark, while idle, before a keepalive's position is journaled:
+	// ownWALSlack when the journal lives in the source database, else 0.
+	advanceSlack decoder.LSN
 
 	sentWM      decoder.LSN
 	nextStatus  time.Time
@@ -174,7 +207,9 @@ func (l *streamLoop) handle(ctx context.Context, msg pgproto3.BackendMessage) er
 			}
 			l.txs = l.dec.Committed(l.txs[:0])
 			if len(l.txs) > 0 {
-				l.q.push(l.txs)
+				if kept := dropEmpty(l.txs); len(kept) > 0 {
+					l.q.push(kept)
+				}
 				clear(l.txs)
 			}
 		case pglogrepl.PrimaryKeepaliveMessageByteID:
@@ -187,10 +222,12 @@ func (l *streamLoop) handle(ctx context.Context, msg pgproto3.BackendMessage) er
 			// Confirm the keepalive's position only when nothing is decoded
 			// but unjournaled: journal it as the watermark first, so the
 			// slot never runs ahead of the journal (DESIGN §4.4, §4.6).
-			// At most one such advance per half status interval: when the
-			// journal lives in the source database, each advance is WAL
-			// that brings another keepalive.
-			if end > decoder.LSN(l.r.watermark.Load()) && l.dec.Idle() && l.q.idle() &&
+			// At most one such advance per half status interval; and when
+			// the journal lives in the source database, only past
+			// advanceSlack bytes: each advance is WAL of its own, which must
+			// not bring another advance, or an idle source would never be
+			// idle.
+			if end > decoder.LSN(l.r.watermark.Load())+l.advanceSlack && l.dec.Idle() && l.q.idle() &&
 				time.Since(l.lastAdvance) >= l.statusEvery/2 {
 				l.q.pushAdvance(end)
 				l.lastAdvance = time.Now()
@@ -258,6 +295,9 @@ func (r *Replicator) writer(ctx context.Context, q *queue, gen int64, wake *wake
 		start := time.Now()
 		sctx, span := r.tracer.Start(actx, spanJournalAppend)
 		res, err := r.appendBatch(sctx, gen, batch)
+		if err != nil && refusedByJournal(err) {
+			res, err = r.appendIsolated(sctx, gen, batch, err)
+		}
 		endBatchSpan(span, gen, res, err)
 		if err == nil && res.Entries > 0 {
 			r.recordBatch(ctx, time.Since(start), res.Entries)
@@ -278,6 +318,75 @@ func (r *Replicator) writer(ctx context.Context, q *queue, gen int64, wake *wake
 		}
 		wake.wake()
 	}
+}
+
+// quarantineAfter is how many times the journal must refuse one transaction
+// (the batch it came in, then alone) before it is journaled as quarantine
+// entries.
+const quarantineAfter = 3
+
+// refusedByJournal reports whether err is the journal refusing what it was
+// given, an outcome the same input repeats (data exceptions such as invalid
+// byte sequences, program limits such as index row size, an envelope the
+// journal cannot encode), as opposed to a connection, timeout or fencing
+// failure, which a retry may cure and which must never quarantine anything.
+func refusedByJournal(err error) bool {
+	if errors.Is(err, journal.ErrUnencodable) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "22", "54": // data_exception, program_limit_exceeded
+		return true
+	}
+	return false
+}
+
+// appendIsolated journals a batch the journal refused (cause) one item at a
+// time, so that one bad transaction cannot hold back the others: a
+// transaction refused quarantineAfter times in all is journaled as
+// quarantine entries instead (DESIGN §5 Limits), logged with its position and
+// counted. Anything else that fails ends the session as usual.
+func (r *Replicator) appendIsolated(ctx context.Context, gen int64, batch []queueItem, cause error) (journal.AppendResult, error) {
+	var total journal.AppendResult
+	for i := range batch {
+		it := batch[i : i+1]
+		var res journal.AppendResult
+		err := cause
+		for try := 1; try < quarantineAfter; try++ {
+			if res, err = r.appendBatch(ctx, gen, it); err == nil || !refusedByJournal(err) {
+				break
+			}
+		}
+		if err != nil && refusedByJournal(err) && it[0].tx != nil {
+			tx := it[0].tx
+			r.log.Error("the journal refused a transaction "+strconv.Itoa(quarantineAfter)+" times; journaling its changes as quarantine entries so the stream goes on",
+				"xid", tx.Xid, "commit_lsn", tx.CommitLSN.String(), "end_lsn", tx.EndLSN.String(), "changes", tx.Len(), "cause", err,
+				"fix", "each entry keeps the change's bytes in quarantine.raw; report the cause as a walcast bug, and refetch the rows by key from the source if consumers need them")
+			q := decoder.QuarantineTransaction(tx, decoder.ReasonAppendFailed, err.Error())
+			res, err = r.appendBatch(ctx, gen, []queueItem{{tx: q}})
+			if err == nil {
+				r.quarantined.add(decoder.ReasonAppendFailed, uint64(res.Entries))
+			}
+		}
+		if err != nil {
+			return total, err
+		}
+		if total.FirstSeq == 0 {
+			total.FirstSeq = res.FirstSeq
+		}
+		if res.LastSeq != 0 {
+			total.LastSeq = res.LastSeq
+		}
+		total.Transactions += res.Transactions
+		total.Skipped += res.Skipped
+		total.Entries += res.Entries
+		total.Watermark = max(total.Watermark, res.Watermark)
+	}
+	return total, nil
 }
 
 func (r *Replicator) appendBatch(ctx context.Context, gen int64, batch []queueItem) (journal.AppendResult, error) {

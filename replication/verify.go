@@ -84,7 +84,11 @@ type VerifyConfig struct {
 	Publication   string // required
 	Slot          string // default "walcast"
 	JournalSchema string // default "walcast"
-	TenantColumn  string // optional
+	// JournalURL is the journal's database when it is not the source's
+	// (walcast run --journal-url); empty means the source database, run's
+	// default. Only a journal in the source database can be published.
+	JournalURL   string
+	TenantColumn string // optional
 	// LagWarnBytes is the slot lag above which the slot check warns;
 	// default 1 GiB.
 	LagWarnBytes int64
@@ -326,7 +330,7 @@ func (v *verifier) checkPublication(ctx context.Context) bool {
 		_ = v.conn.QueryRow(ctx, `SELECT current_database()`).Scan(&db)
 		v.report.add(Check{ID: "publication", Status: StatusFail, Blocking: true,
 			Found: fmt.Sprintf("publication %q does not exist in database %q", v.cfg.Publication, db),
-			Fix: fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE schema.table1, schema.table2;  -- or FOR ALL TABLES (needs superuser)",
+			Fix: fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE schema.table1, schema.table2;  -- or FOR TABLES IN SCHEMA public (not FOR ALL TABLES while the journal lives in this database)",
 				v.q.pub)})
 		return false
 	}
@@ -543,29 +547,49 @@ func (v *verifier) checkReplicaIdentity(ctx context.Context) {
 }
 
 func (v *verifier) checkJournalNotPublished(ctx context.Context) {
+	if v.cfg.JournalURL != "" && !sameDatabase(v.cfg.DatabaseURL, v.cfg.JournalURL) {
+		v.report.add(Check{ID: "journal_not_published", Status: StatusOK,
+			Found: fmt.Sprintf("the journal lives in another database (--journal-url); tables of a schema %q here are data like any other", v.cfg.JournalSchema)})
+		return
+	}
 	var published []pubTable
 	for _, t := range v.tables {
 		if t.schema == v.cfg.JournalSchema {
 			published = append(published, t)
 		}
 	}
+	// Publishing the journal is refused (blocking): walcast skips its own
+	// tables by OID, but Postgres would still decode and send every journal
+	// write back to it — as much WAL traffic again as the changes themselves.
 	switch {
 	case v.pub.allTables:
-		v.report.add(Check{ID: "journal_not_published", Status: StatusWarn,
-			Found: fmt.Sprintf("publication %q is FOR ALL TABLES, so walcast's own journal schema %q is published; walcast discards those changes, but Postgres still decodes and sends every journal write", v.cfg.Publication, v.cfg.JournalSchema),
+		v.report.add(Check{ID: "journal_not_published", Status: StatusFail, Blocking: true,
+			Found: fmt.Sprintf("publication %q is FOR ALL TABLES and the journal (schema %q) lives in this database, so every journal write would be decoded and streamed back to walcast", v.cfg.Publication, v.cfg.JournalSchema),
 			Fix:   fmt.Sprintf("publish only application schemas: DROP PUBLICATION %s; CREATE PUBLICATION %s FOR TABLES IN SCHEMA public;  -- or keep the journal in another database (--journal-url)", v.q.pub, v.q.pub)})
 	case len(published) > 0:
 		names := make([]string, len(published))
 		for i, t := range published {
 			names[i] = t.quoted
 		}
-		v.report.add(Check{ID: "journal_not_published", Status: StatusFail,
+		v.report.add(Check{ID: "journal_not_published", Status: StatusFail, Blocking: true,
 			Found: fmt.Sprintf("publication %q publishes walcast's own journal tables (%s): every journal write would be decoded again", v.cfg.Publication, strings.Join(names, ", ")),
 			Fix:   fmt.Sprintf("ALTER PUBLICATION %s DROP TABLE %s;", v.q.pub, strings.Join(names, ", "))})
 	default:
 		v.report.add(Check{ID: "journal_not_published", Status: StatusOK,
 			Found: fmt.Sprintf("journal schema %q is not published", v.cfg.JournalSchema)})
 	}
+}
+
+// sameDatabase reports whether two connection strings name the same
+// database on the same server (host, port and database name; a string that
+// does not parse is taken to be the same, the cautious answer).
+func sameDatabase(a, b string) bool {
+	ca, err1 := pgx.ParseConfig(a)
+	cb, err2 := pgx.ParseConfig(b)
+	if err1 != nil || err2 != nil {
+		return true
+	}
+	return ca.Host == cb.Host && ca.Port == cb.Port && ca.Database == cb.Database
 }
 
 func (v *verifier) checkPartitions(ctx context.Context) {

@@ -293,12 +293,22 @@ func TestVerifyJournalSchemaPublished(t *testing.T) {
 	r := mustVerify(t, VerifyConfig{DatabaseURL: url, Publication: "p"})
 	c := check(t, r, "journal_not_published", "")
 	wantStatus(t, c, StatusFail)
+	if !c.Blocking {
+		t.Fatalf("publishing the journal must block run: %+v", c)
+	}
 	execSQL(t, url, c.Fix)
 	r = mustVerify(t, VerifyConfig{DatabaseURL: url, Publication: "p"})
 	wantStatus(t, check(t, r, "journal_not_published", ""), StatusOK)
 
 	r = mustVerify(t, VerifyConfig{DatabaseURL: url, Publication: "everything"})
-	wantStatus(t, check(t, r, "journal_not_published", ""), StatusWarn)
+	if c := check(t, r, "journal_not_published", ""); c.Status != StatusFail || !c.Blocking {
+		t.Fatalf("FOR ALL TABLES with the journal in the source database: %+v", c)
+	}
+	// The same schema name with the journal in another database is data.
+	r = mustVerify(t, VerifyConfig{DatabaseURL: url, Publication: "everything", JournalURL: pgtest.NewDatabase(t)})
+	wantStatus(t, check(t, r, "journal_not_published", ""), StatusOK)
+	r = mustVerify(t, VerifyConfig{DatabaseURL: url, Publication: "everything", JournalURL: url})
+	wantStatus(t, check(t, r, "journal_not_published", ""), StatusFail)
 }
 
 func TestVerifyPartitionsAndTenant(t *testing.T) {

@@ -164,7 +164,7 @@ func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
 	rc, journalURL, schema, retention, pruneEvery := s.rc, s.journalURL, s.schema, s.retention, s.pruneEvery
 	if s.preflight {
 		report, err := replication.Verify(ctx, replication.VerifyConfig{DatabaseURL: rc.DatabaseURL, Publication: rc.Publication,
-			Slot: rc.Slot, JournalSchema: schema, TenantColumn: rc.TenantColumn})
+			Slot: rc.Slot, JournalSchema: schema, JournalURL: journalURL, TenantColumn: rc.TenantColumn})
 		if err != nil {
 			return startupError(err)
 		}

@@ -64,6 +64,7 @@ Exit status: 0 when nothing fails (warnings allowed), 1 when a check fails,
 	f.StringVar(&cfg.Publication, "publication", "", "publication to check (required)")
 	f.StringVar(&cfg.Slot, "slot", "walcast", "replication slot name")
 	f.StringVar(&cfg.JournalSchema, "journal-schema", "walcast", "schema of walcast's journal")
+	f.StringVar(&cfg.JournalURL, "journal-url", "", "the journal's database, when not the source's (as walcast run --journal-url)")
 	f.StringVar(&cfg.TenantColumn, "tenant-column", "", "column hoisted into the envelope's tenant, if any")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	f.BoolVar(&verbose, "verbose", false, "list every table's passing checks instead of folding them")
