@@ -47,6 +47,10 @@ type Config struct {
 	Slot          string // default "walcast"
 	TenantColumn  string
 	MessagePrefix string // default "walcast."
+	// MaxEnvelopeBytes bounds one change's envelope; a larger change is
+	// journaled as a quarantine entry (decoder.Config.MaxEnvelopeBytes;
+	// default decoder.DefaultMaxEnvelopeBytes, 64 MiB).
+	MaxEnvelopeBytes int
 	// Standby makes Run wait while another instance holds the slot; when
 	// false Run returns ErrSlotHeld instead.
 	Standby bool
@@ -169,14 +173,15 @@ type Replicator struct {
 	j   *journal.Journal
 	log *slog.Logger
 
-	watermark atomic.Uint64 // journaled position, shared by loop and writer
-	serverEnd atomic.Uint64
-	delay     atomic.Int64 // ns from the newest commit of the last batch to its journal commit
-	stats     Stats
-	inst      *instruments // nil until RegisterMetrics
-	tracer    trace.Tracer // no-op unless SetTracerProvider
-	decoded   *decoder.Counters
-	journaled *decoder.Counters
+	watermark   atomic.Uint64 // journaled position, shared by loop and writer
+	serverEnd   atomic.Uint64
+	delay       atomic.Int64 // ns from the newest commit of the last batch to its journal commit
+	stats       Stats
+	inst        *instruments // nil until RegisterMetrics
+	tracer      trace.Tracer // no-op unless SetTracerProvider
+	decoded     *decoder.Counters
+	journaled   *decoder.Counters
+	quarantined reasonCounts // changes journaled as quarantine entries, by reason
 
 	// skipRelations are the journal's own tables in the source database
 	// (nil when the journal lives elsewhere); set by session before the
