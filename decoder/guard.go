@@ -90,7 +90,7 @@ func SafeEntity(entity string) string {
 // everything else with a quarantine entry. Its tail is the last bytes of
 // tx.arena (the caller has just appended it).
 func (d *Decoder) guard(tx *txState, r rec) rec {
-	tail := tx.arena[r.tailOff : r.tailOff+r.tailLen]
+	tail := tx.arena[r.tailOff:] // the tail is the end of the arena
 	var reason, detail string
 	switch {
 	case !utf8.ValidString(r.entity):
@@ -115,7 +115,7 @@ const entityField = `,"entity":`
 // renameEntity replaces the entity of r's tail (`,"entity":"…"` first) with
 // name, keeping the rest of the tail.
 func (d *Decoder) renameEntity(tx *txState, r rec, name string) rec {
-	tail := tx.arena[r.tailOff : r.tailOff+r.tailLen]
+	tail := tx.arena[r.tailOff:] // the tail is the end of the arena
 	old := appendString(append(d.scratch[:0], entityField...), []byte(r.entity))
 	d.scratch = old
 	if !bytes.HasPrefix(tail, old) {
@@ -138,7 +138,7 @@ func (d *Decoder) renameEntity(tx *txState, r rec, name string) rec {
 
 // quarantine replaces r's tail with a quarantine entry's.
 func (d *Decoder) quarantine(tx *txState, r rec, reason, detail string) rec {
-	tail := tx.arena[r.tailOff : r.tailOff+r.tailLen]
+	tail := tx.arena[r.tailOff:] // the tail is the end of the arena
 	// A tenant that cannot be carried routes the entry to no tenant-scoped
 	// reader; its key is left out too, or the journal would route it by the
 	// key's previous row. An unresolved tenant (a key-only delete) keeps its

@@ -23,9 +23,9 @@ func (r *Replicator) stream(ctx context.Context, conn *pgconn.PgConn, gen int64,
 	dec := decoder.New(decoder.Config{
 		SkipRelations: r.skipRelations, MessagePrefix: r.cfg.MessagePrefix, TenantColumn: r.cfg.TenantColumn,
 		OnQuarantine: func(reason string) { r.quarantined.add(reason, 1) }, MaxEnvelopeBytes: r.cfg.MaxEnvelopeBytes,
-		MemoryBudget: r.cfg.MemoryBudget, SpillDir: r.cfg.SpillDir, Counters: r.decoded,
+		MemoryBudget: r.cfg.decoderBudget(), SpillDir: r.cfg.SpillDir, Counters: r.decoded,
 	})
-	q := newQueue(r.cfg.QueueMaxChanges)
+	q := newBoundedQueue(r.cfg.QueueMaxChanges, r.cfg.QueueMaxBytes)
 	wake := &waker{}
 	writerDone := make(chan error, 1)
 	go func() { writerDone <- r.writer(ctx, q, gen, wake) }()

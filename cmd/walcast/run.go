@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/fanout/bus"
 	"github.com/walcast/walcast/fanout/publish"
 	"github.com/walcast/walcast/internal/telemetry"
@@ -69,6 +70,9 @@ database at start-up, 3 when another instance holds the slot and
 			if journalURL == "" {
 				journalURL = rc.DatabaseURL
 			}
+			if err := bus.CheckPrefix(prefix); err != nil {
+				return usageErrorf("run: %v", err)
+			}
 			rc.Logger = log
 			nf.cfg.Name = "walcast run"
 			return runReplicator(cmd.Context(), log, runSetup{tracing: otlpConfigured(env), rc: rc, journalURL: journalURL, schema: schema, httpListen: httpListen,
@@ -100,7 +104,9 @@ database at start-up, 3 when another instance holds the slot and
 	f.IntVar(&rc.BatchMaxChanges, "batch-max-changes", 20000, "close a journal batch at this many changes")
 	f.DurationVar(&rc.BatchMaxDelay, "batch-max-delay", 0, "wait up to this long for more transactions before writing a batch (0: write what is queued)")
 	f.IntVar(&rc.QueueMaxChanges, "queue-max-changes", 100000, "changes decoded but not yet journaled before reading pauses")
-	f.Int64Var(&rc.MemoryBudget, "memory-budget", 64<<20, "bytes of in-progress transactions held in memory before spilling to disk")
+	f.Int64Var(&rc.QueueMaxBytes, "queue-max-bytes", 0, "bytes of decoded, not yet journaled transactions before reading pauses (0: a quarter of --memory-budget)")
+	f.IntVar(&rc.MaxEnvelopeBytes, "max-envelope-bytes", decoder.DefaultMaxEnvelopeBytes, "largest envelope journaled as-is; a larger change becomes a quarantine entry (op \"quarantine\")")
+	f.Int64Var(&rc.MemoryBudget, "memory-budget", 64<<20, "resident memory of the pipeline's changes: the decoder spills in-progress transactions to --spill-dir past a sixth of it, the queue takes a quarter; RSS stays under it plus 32 MiB")
 	f.StringVar(&rc.SpillDir, "spill-dir", "", "directory for spill files (default: the system temp dir)")
 	f.BoolVar(&skipPreflight, "skip-preflight", false, "do not run the verify checks at start")
 	nf.register(cmd, "NATS server(s) to publish to (empty: start an embedded NATS server on --embedded-nats-listen)")
