@@ -35,6 +35,8 @@ func (j *Journal) ReadAfter(ctx context.Context, after int64, limit int) (Log, e
 // lowered to it.
 func (j *Journal) ReadAfterBytes(ctx context.Context, after int64, limit, maxBytes int) (Log, error) {
 	const op = "journal.ReadAfter"
+	ctx, cancel := j.callCtx(ctx)
+	defer cancel()
 	maxBytes = byteBound(maxBytes)
 	if limit <= 0 {
 		limit = DefaultLimit

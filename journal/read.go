@@ -128,6 +128,8 @@ type Result struct {
 // ErrCursorScope; neither is ever served.
 func (j *Journal) Changes(ctx context.Context, q Query) (Result, error) {
 	const op = "journal.Changes"
+	ctx, cancel := j.callCtx(ctx)
+	defer cancel()
 	if len(j.secrets) == 0 {
 		return Result{}, opErr(op, ErrNoCursorSecret, "set --cursor-secret")
 	}

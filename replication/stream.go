@@ -59,7 +59,9 @@ func (r *Replicator) stream(ctx context.Context, conn *pgconn.PgConn, gen int64,
 		return err
 	}
 	wm := decoder.LSN(r.watermark.Load())
-	if serr := sendStatus(context.WithoutCancel(ctx), conn, wm, false); serr == nil && ctx.Err() != nil {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second) // a source that stopped answering must not hold up shutdown
+	defer cancel()
+	if serr := sendStatus(sctx, conn, wm, false); serr == nil && ctx.Err() != nil {
 		r.log.Info("stopped; final status update sent", "watermark", wm.String())
 	}
 	return err

@@ -25,6 +25,7 @@ type syncFlags struct {
 	nf              natsFlags
 	journalURL      string
 	schema          string
+	journalTimeout  time.Duration
 	listen          string
 	httpListen      string
 	jwtSecret       string
@@ -66,6 +67,7 @@ Exit status: 0 after a clean stop (SIGINT/SIGTERM), 1 when the node fails,
 	sf.nf.register(cmd, "NATS server(s) the publisher publishes to (required)")
 	f.StringVar(&sf.journalURL, "journal-url", "", "journal database, libpq URL or DSN (required)")
 	f.StringVar(&sf.schema, "journal-schema", journal.DefaultSchema, "schema of the journal")
+	f.DurationVar(&sf.journalTimeout, "journal-timeout", journal.DefaultCallTimeout, "limit of each journal read (statement, lock and idle timeouts and TCP keepalives derive from it)")
 	f.StringVar(&sf.listen, "listen", "127.0.0.1:8080", "address for /v1/socket and /v1/changes")
 	f.StringVar(&sf.httpListen, "http-listen", "127.0.0.1:9188", "address for /metrics, /healthz and /readyz")
 	f.StringVar(&sf.jwtSecret, "jwt-secret", "", "HS256 secret client tokens are signed with (prefer the environment variable)")
@@ -76,7 +78,7 @@ Exit status: 0 after a clean stop (SIGINT/SIGTERM), 1 when the node fails,
 	f.IntVar(&sf.cfg.MaxBufferedBytes, "max-buffered-bytes", syncnode.DefaultMaxBufferedBytes, "bytes queued per socket before frames are dropped")
 	f.IntVar(&sf.cfg.MaxDroppedFrames, "max-dropped-frames", syncnode.DefaultMaxDroppedFrames, "drops within 10 s beyond which a socket is closed (1013)")
 	f.DurationVar(&sf.cfg.IdleTimeout, "idle-timeout", syncnode.DefaultIdleTimeout, "close sockets that send nothing for this long (1001)")
-	f.IntVar(&sf.cfg.MaxConnections, "max-connections", 0, "open sockets beyond which upgrades get 503 (0: unlimited)")
+	f.IntVar(&sf.cfg.MaxConnections, "max-connections", 10000, "open sockets beyond which upgrades get 503 (0: unlimited)")
 	f.Float64Var(&sf.cfg.AcceptRate, "accept-rate", 500, "new connections per second before 503 with Retry-After (0: unlimited)")
 	f.IntVar(&sf.cfg.AcceptBurst, "accept-burst", 1000, "burst of new connections above --accept-rate")
 	f.Float64Var(&sf.cfg.InboundRate, "inbound-rate", syncnode.DefaultInboundRate, "frames per second a client may send (a flood closes with 1008)")
@@ -141,7 +143,7 @@ func runSync(ctx context.Context, log *slog.Logger, sf *syncFlags) error {
 	for _, s := range sf.previousSecrets {
 		prev = append(prev, []byte(s))
 	}
-	j, err := journal.Open(ctx, journal.Config{URL: sf.journalURL, Schema: sf.schema,
+	j, err := journal.Open(ctx, journal.Config{URL: sf.journalURL, Schema: sf.schema, CallTimeout: sf.journalTimeout,
 		CursorSecret: []byte(sf.cursorSecret), PreviousCursorSecrets: prev})
 	if err != nil {
 		return startupError(err)
@@ -168,6 +170,7 @@ func runSync(ctx context.Context, log *slog.Logger, sf *syncFlags) error {
 	if err != nil {
 		return withCode(exitUsage, err)
 	}
+	ops.SetHealth(node.Healthy)
 	ln, err := net.Listen("tcp", sf.listen)
 	if err != nil {
 		return usageErrorf("sync: listen on %s: %v (choose another --listen)", sf.listen, err)

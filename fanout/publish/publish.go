@@ -372,8 +372,18 @@ func referenceEnvelope(env []byte, minimal bool) ([]byte, error) {
 			}
 		}
 	}
-	for _, k := range []string{"before", "after", "key", "unchanged", "content"} {
+	for _, k := range []string{"before", "after", "key", "unchanged", "content", "beforeJsonNull", "afterJsonNull"} {
 		delete(fields, k)
+	}
+	if q, ok := fields["quarantine"]; ok {
+		// A quarantine entry keeps its reason; its raw bytes stay in the journal.
+		var qf map[string]json.RawMessage
+		if json.Unmarshal(q, &qf) == nil {
+			delete(qf, "raw")
+			if b, err := json.Marshal(qf); err == nil {
+				fields["quarantine"] = b
+			}
+		}
 	}
 	fields["oversize"] = json.RawMessage("true")
 	var b bytes.Buffer

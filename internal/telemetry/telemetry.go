@@ -103,9 +103,15 @@ type Readiness func() (ready bool, detail string)
 
 // Server serves /metrics, /healthz and /readyz.
 type Server struct {
-	ln  net.Listener
-	srv *http.Server
+	ln     net.Listener
+	srv    *http.Server
+	health Readiness // nil: /healthz answers ok while the process serves
 }
+
+// SetHealth makes /healthz answer 503 with h's detail while h reports false
+// (a process that cannot recover and should be replaced). Call it before
+// Serve.
+func (s *Server) SetHealth(h Readiness) { s.health = h }
 
 // Listen binds addr and prepares the endpoints; Serve starts answering.
 // Binding first lets a command fail at start-up with a clear error when the
@@ -115,10 +121,18 @@ func Listen(addr string, m *Metrics, ready Readiness) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s for /metrics, /healthz and /readyz: %w (choose another --http-listen)", addr, err)
 	}
+	s := &Server{ln: ln}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if s.health != nil {
+			if ok, detail := s.health(); !ok {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				fmt.Fprintln(w, detail)
+				return
+			}
+		}
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
@@ -129,7 +143,9 @@ func Listen(addr string, m *Metrics, ready Readiness) (*Server, error) {
 		}
 		fmt.Fprintln(w, detail)
 	})
-	return &Server{ln: ln, srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}}, nil
+	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: 60 * time.Second, MaxHeaderBytes: 16 << 10}
+	return s, nil
 }
 
 // Addr is the bound address.

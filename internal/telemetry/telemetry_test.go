@@ -3,9 +3,11 @@ package telemetry
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/walcast/walcast/internal/telemetry/otlptest"
@@ -102,5 +104,41 @@ func TestTracingDisabled(t *testing.T) {
 	span.End()
 	if err := tr.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestHealthz: /healthz answers ok until a health function set with
+// SetHealth reports false, then 503 with its detail (a sync node whose NATS
+// connection closed for good must be replaced by its orchestrator).
+func TestHealthz(t *testing.T) {
+	m, err := NewMetrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := Listen("127.0.0.1:0", m, func() (bool, string) { return true, "ready" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var broken atomic.Bool
+	srv.SetHealth(func() (bool, string) { return !broken.Load(), "NATS connection closed for good" })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ctx, slog.New(slog.DiscardHandler)) }()
+	defer func() { cancel(); <-done }()
+	get := func() (int, string) {
+		resp, err := http.Get("http://" + srv.Addr() + "/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, strings.TrimSpace(string(b))
+	}
+	if code, body := get(); code != 200 || body != "ok" {
+		t.Fatalf("healthy: %d %q", code, body)
+	}
+	broken.Store(true)
+	if code, body := get(); code != 503 || body != "NATS connection closed for good" {
+		t.Fatalf("unhealthy: %d %q", code, body)
 	}
 }
