@@ -37,7 +37,7 @@ const (
 // Quarantine reasons: short, stable codes for metrics and alerts.
 const (
 	ReasonEntityNotUTF8 = "entity-not-utf8" // a table name or message prefix in another encoding (SQL_ASCII databases)
-	ReasonTenantNotUTF8 = "tenant-not-utf8" // the tenant column's value in another encoding
+	ReasonTenantNotUTF8 = "tenant-not-utf8" // the tenant column's value in another encoding (or holding NUL)
 	ReasonNotUTF8       = "not-utf8"        // a value the decoder could not make valid UTF-8 (a bug)
 	ReasonTooLarge      = "too-large"       // the envelope exceeds Config.MaxEnvelopeBytes
 	ReasonAppendFailed  = "append-failed"   // the journal refused the change repeatedly (replication)
@@ -95,8 +95,8 @@ func (d *Decoder) guard(tx *txState, r rec) rec {
 	switch {
 	case !utf8.ValidString(r.entity):
 		reason, detail = ReasonEntityNotUTF8, "the entity name (table or message prefix) is not valid UTF-8"
-	case r.tstate == TenantKnown && !utf8.ValidString(r.tenant):
-		reason, detail = ReasonTenantNotUTF8, "the tenant column's value is not valid UTF-8"
+	case r.tstate == TenantKnown && !textOK(r.tenant):
+		reason, detail = ReasonTenantNotUTF8, "the tenant column's value is not valid UTF-8 text"
 	case len(tail) > d.cfg.MaxEnvelopeBytes:
 		reason, detail = ReasonTooLarge, "the envelope of "+strconv.Itoa(len(tail))+" bytes exceeds the limit of "+strconv.Itoa(d.cfg.MaxEnvelopeBytes)
 	case !utf8.Valid(tail):
@@ -108,6 +108,11 @@ func (d *Decoder) guard(tx *txState, r rec) rec {
 	}
 	return d.quarantine(tx, r, reason, detail)
 }
+
+// textOK reports whether s can be stored as Postgres text: valid UTF-8
+// without NUL (Postgres never sends a NUL in text, but a value is checked,
+// not trusted).
+func textOK(s string) bool { return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 }
 
 // entityField is how every tail starts.
 const entityField = `,"entity":`
@@ -143,7 +148,7 @@ func (d *Decoder) quarantine(tx *txState, r rec, reason, detail string) rec {
 	// reader; its key is left out too, or the journal would route it by the
 	// key's previous row. An unresolved tenant (a key-only delete) keeps its
 	// key, so the journal resolves it as it would the delete.
-	dropTenant := r.tstate == TenantKnown && !utf8.ValidString(r.tenant)
+	dropTenant := r.tstate == TenantKnown && !textOK(r.tenant)
 	var key []byte
 	if !dropTenant && r.keyLen > 0 && r.keyLen <= maxQuarantineKeyBytes {
 		key = tail[r.keyOff : r.keyOff+r.keyLen]
@@ -228,7 +233,7 @@ func AppendQuarantine(dst []byte, q QuarantineOf) QuarantineTail {
 		b = base64StdAppend(b, []byte(q.Entity))
 		b = append(b, '"')
 	}
-	tenantOK := q.HasTenant && utf8.ValidString(q.Tenant)
+	tenantOK := q.HasTenant && textOK(q.Tenant)
 	if q.HasTenant && !tenantOK {
 		b = append(b, `,"tenant":"`...)
 		b = base64StdAppend(b, []byte(q.Tenant))
@@ -288,7 +293,7 @@ func (r *quarantineReader) next(c *Change) (bool, error) {
 	}
 	o := r.it.Change()
 	var key []byte
-	dropTenant := o.TenantState == TenantKnown && !utf8.ValidString(o.Tenant)
+	dropTenant := o.TenantState == TenantKnown && !textOK(o.Tenant)
 	if !dropTenant && len(o.Key) > 0 && len(o.Key) <= maxQuarantineKeyBytes && utf8.Valid(o.Key) {
 		key = o.Key
 	}
