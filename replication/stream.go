@@ -228,8 +228,16 @@ func (l *streamLoop) handle(ctx context.Context, msg pgproto3.BackendMessage) er
 			// the journal lives in the source database, only past
 			// advanceSlack bytes: each advance is WAL of its own, which must
 			// not bring another advance, or an idle source would never be
-			// idle.
-			if end > decoder.LSN(l.r.watermark.Load())+l.advanceSlack && l.dec.Idle() && l.q.idle() &&
+			// idle. A keepalive that asks for a reply gets the advance
+			// whatever the gap: a server shutting down asks, and waits for
+			// the slot to confirm everything it sent (the shutdown
+			// checkpoint) before it can stop; otherwise the server asks only
+			// when our replies are late, which our status interval avoids.
+			slack := l.advanceSlack
+			if k.ReplyRequested {
+				slack = 0
+			}
+			if end > decoder.LSN(l.r.watermark.Load())+slack && l.dec.Idle() && l.q.idle() &&
 				time.Since(l.lastAdvance) >= l.statusEvery/2 {
 				l.q.pushAdvance(end)
 				l.lastAdvance = time.Now()
