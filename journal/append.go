@@ -4,8 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strconv"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/walcast/walcast/decoder"
 )
@@ -13,15 +18,46 @@ import (
 // Acquire makes the caller the journal's appender: it bumps the fencing
 // generation and returns the new one, which every later Append, Advance,
 // AppendResync and SetSource must present. Any appender holding an older
-// generation is refused from then on; an append already holding the meta row
-// lock when Acquire runs commits first and Acquire waits for it.
+// generation is refused from then on.
+//
+// An append of the old appender that holds the meta row's lock is given
+// acquireWait to commit; past that its session is terminated (its
+// transaction rolls back: it was never acknowledged), because an old
+// appender that is frozen mid-append — SIGSTOP, a hung host — would
+// otherwise keep the new one out until the server's idle timeouts end it.
+// The caller must hold the slot's lock (so the old appender's replication
+// session is gone) before it calls Acquire.
 func (j *Journal) Acquire(ctx context.Context) (int64, error) {
-	var gen int64
-	if err := j.queryRow(ctx, "UPDATE "+j.sql.meta+" SET generation = generation + 1 RETURNING generation", nil, &gen); err != nil {
-		return 0, opErr("journal.Acquire", err, "")
+	const op = "journal.Acquire"
+	for attempt := 1; ; attempt++ {
+		var gen int64
+		err := j.inTx(ctx, pgx.TxOptions{}, func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = "+strconv.FormatInt(acquireWait.Milliseconds(), 10)); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, "UPDATE "+j.sql.meta+" SET generation = generation + 1 RETURNING generation").Scan(&gen)
+		})
+		if err == nil {
+			return gen, nil
+		}
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "55P03" || attempt == 3 {
+			return 0, opErr(op, err, "")
+		}
+		// The old appender holds the meta row and has not let go: fence it.
+		var ended int
+		err = j.queryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_locks
+			WHERE relation = $1::regclass AND granted AND mode IN ('RowShareLock', 'RowExclusiveLock') AND pid <> pg_backend_pid()`,
+			[]any{j.sql.meta}, &ended)
+		if err != nil {
+			return 0, opErr(op, fmt.Errorf("end the old appender's session, which holds the journal's meta row: %w", err),
+				"grant the journal role pg_signal_backend, or run every walcast run for this journal as the same role")
+		}
 	}
-	return gen, nil
 }
+
+// acquireWait is how long Acquire lets an old appender's append finish.
+var acquireWait = 2 * time.Second
 
 // Generation returns the current fencing generation.
 func (j *Journal) Generation(ctx context.Context) (int64, error) {
