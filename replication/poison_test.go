@@ -291,3 +291,59 @@ func sqlASCIIDatabase(t *testing.T) string {
 	})
 	return c.URL(name)
 }
+
+// TestIdleSourceStaysIdle: with a FOR ALL TABLES publication and the journal
+// in the source database, every journal write is decoded back as a
+// transaction of journal tables only. Such empty transactions are never
+// journaled, and the idle advance ignores walcast's own WAL, so an idle
+// source stays idle: no journal batches, almost no WAL.
+func TestIdleSourceStaysIdle(t *testing.T) {
+	f := newFixture(t, `CREATE PUBLICATION allpub FOR ALL TABLES`)
+	cfg := f.config()
+	cfg.Publication = "allpub"
+	run := f.start(cfg)
+	waitFor(t, "active", 20*time.Second, func() bool { return run.r.State().Role == RoleActive })
+	execSQL(t, f.url, `INSERT INTO items VALUES (1, 'a', 1)`, `INSERT INTO unpublished (pad) SELECT repeat('x', 1000) FROM generate_series(1, 2000)`)
+	// FOR ALL TABLES: the unpublished table is published here too.
+	waitFor(t, "the writes", 30*time.Second, func() bool { return len(f.entries()) == 2001 })
+	time.Sleep(3 * time.Second) // let the advance past the burst settle
+
+	wal := func() decoder.LSN {
+		var s string
+		pgtest.MustQueryRow(t, f.url, `SELECT pg_current_wal_lsn()::text`, nil, &s)
+		l, _ := decoder.ParseLSN(s)
+		return l
+	}
+	w0, b0 := wal(), run.r.Stats().Batches.Load()
+	time.Sleep(6 * time.Second) // six status intervals: each could have brought an advance
+	w1, b1 := wal(), run.r.Stats().Batches.Load()
+	t.Logf("idle for 6s: %d bytes of WAL, %d journal batches", w1-w0, b1-b0)
+	if b1-b0 > 1 || w1-w0 > 64<<10 {
+		t.Fatalf("an idle source wrote %d bytes of WAL and %d journal batches in 6s", w1-w0, b1-b0)
+	}
+	if n := len(f.entries()); n != 2001 {
+		t.Fatalf("%d journal entries, want 2001", n)
+	}
+}
+
+// TestJournalSchemaNameInAnotherDatabase: with the journal in another
+// database under the schema "public", the source's public tables are data.
+// The decoder used to drop (and acknowledge) every change of a schema named
+// like the journal's.
+func TestJournalSchemaNameInAnotherDatabase(t *testing.T) {
+	src := pgtest.NewDatabase(t)
+	execSQL(t, src, `CREATE TABLE items (id int PRIMARY KEY, val text, n int)`, `CREATE PUBLICATION pub FOR TABLE items`)
+	j, err := journal.Open(context.Background(), journal.Config{URL: pgtest.NewDatabase(t), Schema: "public", CursorSecret: testSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(j.Close)
+	f := &fixture{t: t, url: src, j: j}
+	run := f.start(f.config())
+	waitFor(t, "active", 20*time.Second, func() bool { return run.r.State().Role == RoleActive })
+	execSQL(t, src, `INSERT INTO items VALUES (1, 'kept', 1)`)
+	waitFor(t, "public.items journaled", 20*time.Second, func() bool {
+		es := f.entries()
+		return len(es) == 1 && es[0].Entity == "public.items"
+	})
+}
