@@ -30,6 +30,10 @@ type syncFlags struct {
 	httpListen      string
 	jwtSecret       string
 	jwtPublicKey    string
+	jwksFile        string
+	jwtAudience     string
+	jwtIssuer       string
+	jwtLeeway       time.Duration
 	cursorSecret    string
 	previousSecrets []string
 	prefix          string
@@ -72,6 +76,10 @@ Exit status: 0 after a clean stop (SIGINT/SIGTERM), 1 when the node fails,
 	f.StringVar(&sf.httpListen, "http-listen", "127.0.0.1:9188", "address for /metrics, /healthz and /readyz")
 	f.StringVar(&sf.jwtSecret, "jwt-secret", "", "HS256 secret client tokens are signed with (prefer the environment variable)")
 	f.StringVar(&sf.jwtPublicKey, "jwt-public-key-file", "", "PEM public key (RSA or ECDSA) that verifies RS256/ES256 client tokens")
+	f.StringVar(&sf.jwksFile, "jwks-file", "", "JSON Web Key Set of RSA/EC public keys chosen by the token's kid (re-read when the file changes; combines with --jwt-secret or --jwt-public-key-file)")
+	f.StringVar(&sf.jwtAudience, "jwt-audience", "", "when set, a client token's aud must include this value")
+	f.StringVar(&sf.jwtIssuer, "jwt-issuer", "", "when set, a client token's iss must equal this value")
+	f.DurationVar(&sf.jwtLeeway, "jwt-leeway", syncnode.DefaultJWTLeeway, "clock skew allowed on a token's exp, nbf and iat; a socket is closed (4100) this long after exp unless refreshed")
 	f.StringVar(&sf.cursorSecret, "cursor-secret", "", "HMAC secret of cursors, the same on every node (required; prefer the environment variable)")
 	f.StringSliceVar(&sf.previousSecrets, "previous-cursor-secrets", nil, "rotated-out cursor secrets: their cursors get a resync instead of an error")
 	f.StringVar(&sf.prefix, "subject-prefix", "walcast", "NATS subject prefix")
@@ -81,9 +89,9 @@ Exit status: 0 after a clean stop (SIGINT/SIGTERM), 1 when the node fails,
 	f.IntVar(&sf.cfg.MaxConnections, "max-connections", 10000, "open sockets beyond which upgrades get 503 (0: unlimited)")
 	f.Float64Var(&sf.cfg.AcceptRate, "accept-rate", 500, "new connections per second before 503 with Retry-After (0: unlimited)")
 	f.IntVar(&sf.cfg.AcceptBurst, "accept-burst", 1000, "burst of new connections above --accept-rate")
-	f.Float64Var(&sf.cfg.InboundRate, "inbound-rate", syncnode.DefaultInboundRate, "frames per second a client may send (a flood closes with 1008)")
+	f.Float64Var(&sf.cfg.InboundRate, "inbound-rate", syncnode.DefaultInboundRate, "frames per second a client may send (a flood closes with 4429)")
 	f.IntVar(&sf.cfg.InboundBurst, "inbound-burst", syncnode.DefaultInboundBurst, "burst of client frames above --inbound-rate")
-	f.IntVar(&sf.cfg.MaxFrameBytes, "max-frame-bytes", syncnode.DefaultMaxFrameBytes, "largest frame a client may send (larger closes with 1008)")
+	f.IntVar(&sf.cfg.MaxFrameBytes, "max-frame-bytes", syncnode.DefaultMaxFrameBytes, "largest frame a client may send (larger closes with 4400)")
 	f.StringVar(&sf.tlsCert, "tls-cert-file", "", "serve HTTPS/WSS with this certificate (with --tls-key-file)")
 	f.StringVar(&sf.tlsKey, "tls-key-file", "", "key of --tls-cert-file")
 	f.StringSliceVar(&sf.origins, "allowed-origins", nil, "browser origins allowed at the upgrade (\"*\" for any; default: same host or none)")
@@ -91,29 +99,35 @@ Exit status: 0 after a clean stop (SIGINT/SIGTERM), 1 when the node fails,
 	return cmd
 }
 
-// syncAuth builds the authenticator from exactly one of the JWT flags.
-func syncAuth(sf *syncFlags) (*syncnode.Authenticator, error) {
+// syncAuth builds the authenticator from the JWT flags: at most one of
+// --jwt-secret and --jwt-public-key-file, and/or --jwks-file.
+func syncAuth(sf *syncFlags, log *slog.Logger) (*syncnode.Authenticator, error) {
+	cfg := syncnode.AuthConfig{JWKSFile: sf.jwksFile, Audience: sf.jwtAudience, Issuer: sf.jwtIssuer, Leeway: sf.jwtLeeway, Logger: log}
+	if sf.jwtLeeway == 0 {
+		cfg.Leeway = -1 // --jwt-leeway 0: none
+	}
 	switch {
 	case sf.jwtSecret != "" && sf.jwtPublicKey != "":
 		return nil, usageErrorf("sync: give --jwt-secret or --jwt-public-key-file, not both")
 	case sf.jwtSecret != "":
-		a, err := syncnode.NewHMACAuth([]byte(sf.jwtSecret))
-		if err != nil {
-			return nil, withCode(exitUsage, err)
-		}
-		return a, nil
+		cfg.Secret = []byte(sf.jwtSecret)
 	case sf.jwtPublicKey != "":
 		pem, err := os.ReadFile(sf.jwtPublicKey)
 		if err != nil {
 			return nil, usageErrorf("sync: --jwt-public-key-file: %v", err)
 		}
-		a, err := syncnode.NewPublicKeyAuth(pem)
-		if err != nil {
-			return nil, withCode(exitUsage, err)
-		}
-		return a, nil
+		cfg.PublicKeyPEM = pem
+	case sf.jwksFile == "":
+		return nil, usageErrorf("sync: --jwt-secret or --jwt-public-key-file is required, or --jwks-file (or set WALCAST_JWT_SECRET)")
 	}
-	return nil, usageErrorf("sync: --jwt-secret or --jwt-public-key-file is required (or set WALCAST_JWT_SECRET)")
+	if sf.jwtLeeway < 0 {
+		return nil, usageErrorf("sync: --jwt-leeway must not be negative")
+	}
+	a, err := syncnode.NewAuthenticator(cfg)
+	if err != nil {
+		return nil, withCode(exitUsage, err)
+	}
+	return a, nil
 }
 
 func runSync(ctx context.Context, log *slog.Logger, sf *syncFlags) error {
@@ -127,7 +141,7 @@ func runSync(ctx context.Context, log *slog.Logger, sf *syncFlags) error {
 	case (sf.tlsCert == "") != (sf.tlsKey == ""):
 		return usageErrorf("sync: --tls-cert-file and --tls-key-file go together")
 	}
-	auth, err := syncAuth(sf)
+	auth, err := syncAuth(sf, log)
 	if err != nil {
 		return err
 	}

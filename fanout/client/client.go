@@ -2,7 +2,10 @@
 // connects with a token, subscribes to topics, pings, follows replay-gap and
 // resync frames by resubscribing with the cursor they carry, drops duplicate
 // changes by seq, and reconnects with jittered exponential backoff,
-// resubscribing every topic from its last cursor.
+// resubscribing every topic from its last cursor. With a TokenFunc it
+// refreshes its token on the live socket before exp and, when the node
+// closes for an expired token (4100), fetches a new one and reconnects at
+// once. Close codes follow docs/sync.md ("Tokens and close codes").
 //
 // It imports nothing of walcast's server side; it speaks the wire protocol
 // only.
@@ -10,10 +13,12 @@ package client
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,10 +45,47 @@ type Event struct {
 	Msg    string          // for EventError
 }
 
+// Close codes of the sync node (docs/sync.md): 4000–4099 and the standard
+// 1001 and 1013 mean reconnect with backoff; 4100–4199 mean get a new token
+// and reconnect at once; 4400–4499 (and the standard 1008) mean do not
+// reconnect.
+const (
+	CloseIdle         = 1001 // idle timeout: reconnect
+	CloseBackpressure = 1013 // too slow: reconnect with backoff
+	CloseShutdown     = 4000 // node shutting down: reconnect
+	CloseTokenExpired = 4100 // token expired: new token, reconnect at once
+	CloseBadFrame     = 4400 // the client sent a bad frame: give up
+	CloseFlood        = 4429 // the client sent too many frames: give up
+)
+
+// DefaultReadLimit is the largest frame the client reads unless
+// Options.ReadLimit says otherwise.
+const DefaultReadLimit = 16 << 20
+
+// ErrFrameTooLarge: the node sent a frame larger than Options.ReadLimit.
+// It is terminal: the same frame would come again after a reconnect.
+var ErrFrameTooLarge = errors.New("sync node sent a frame larger than Options.ReadLimit (raise it)")
+
 // Options configure a Client.
 type Options struct {
-	// Token is the JWT sent as Authorization: Bearer.
+	// Token is the JWT sent as Authorization: Bearer. With TokenFunc it is
+	// the first token (TokenFunc is called when it is empty).
 	Token string
+	// TokenFunc, when set, returns a fresh token: before the token in use
+	// expires (sent as a refresh frame on the live socket), after the node
+	// closes the socket for an expired token (4100), and after a 401 on
+	// reconnect (up to 3 in a row, then the 401 is terminal). Without it an
+	// expired token ends the client at the next reconnect (401).
+	TokenFunc func(ctx context.Context) (string, error)
+	// RefreshBefore is how long before the token's exp the client refreshes
+	// it on the live socket (with TokenFunc); default 30 s, but no sooner
+	// than half the token's remaining life. A TokenFunc that returns the
+	// token in use is not sent again.
+	RefreshBefore time.Duration
+	// ReadLimit is the largest frame the client accepts; default
+	// DefaultReadLimit (16 MiB). A larger frame ends the client with
+	// ErrFrameTooLarge.
+	ReadLimit int64
 	// Header holds extra handshake headers (Origin).
 	Header http.Header
 	// Dialer dials the socket; default websocket.DefaultDialer.
@@ -84,7 +126,8 @@ type Client struct {
 
 	mu     sync.Mutex // guards the following fields
 	topics map[string]*topicState
-	err    error // terminal error
+	token  string // the token in use
+	err    error  // terminal error
 }
 
 type topicState struct {
@@ -105,7 +148,19 @@ func Dial(ctx context.Context, url string, opts Options) (*Client, error) {
 	if opts.Buffer <= 0 {
 		opts.Buffer = 1024
 	}
-	c := &Client{url: url, opts: opts, events: make(chan Event, opts.Buffer), topics: map[string]*topicState{}, done: make(chan struct{})}
+	if opts.RefreshBefore <= 0 {
+		opts.RefreshBefore = 30 * time.Second
+	}
+	if opts.ReadLimit <= 0 {
+		opts.ReadLimit = DefaultReadLimit
+	}
+	c := &Client{url: url, opts: opts, events: make(chan Event, opts.Buffer), topics: map[string]*topicState{}, done: make(chan struct{}),
+		token: opts.Token}
+	if c.token == "" && opts.TokenFunc != nil {
+		if _, err := c.newToken(ctx); err != nil {
+			return nil, err
+		}
+	}
 	conn, err := c.dial(ctx)
 	if err != nil {
 		return nil, err
@@ -121,8 +176,11 @@ func (c *Client) dial(ctx context.Context) (*websocket.Conn, error) {
 	for k, v := range c.opts.Header {
 		h[k] = v
 	}
-	if c.opts.Token != "" {
-		h.Set("Authorization", "Bearer "+c.opts.Token)
+	c.mu.Lock()
+	tok := c.token
+	c.mu.Unlock()
+	if tok != "" {
+		h.Set("Authorization", "Bearer "+tok)
 	}
 	conn, resp, err := c.opts.Dialer.DialContext(ctx, c.url, h)
 	if err != nil {
@@ -133,7 +191,40 @@ func (c *Client) dial(ctx context.Context) (*websocket.Conn, error) {
 		}
 		return nil, err
 	}
+	conn.SetReadLimit(c.opts.ReadLimit)
 	return conn, nil
+}
+
+// newToken asks TokenFunc for a token and makes it the one in use.
+func (c *Client) newToken(ctx context.Context) (string, error) {
+	tok, err := c.opts.TokenFunc(ctx)
+	if err != nil {
+		return "", fmt.Errorf("token source: %w", err)
+	}
+	c.mu.Lock()
+	c.token = tok
+	c.mu.Unlock()
+	return tok, nil
+}
+
+// tokenExpiry reads a JWT's exp without verifying it (the node verifies;
+// the client only schedules its refresh). Zero when there is none.
+func tokenExpiry(tok string) time.Time {
+	parts := strings.Split(tok, ".")
+	if len(parts) != 3 {
+		return time.Time{}
+	}
+	b, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return time.Time{}
+	}
+	var claims struct {
+		Exp float64 `json:"exp"`
+	}
+	if json.Unmarshal(b, &claims) != nil || claims.Exp <= 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, int64(claims.Exp*float64(time.Second)))
 }
 
 // Subscribe follows topic from cursor ("" for now). It is remembered across
@@ -218,7 +309,28 @@ func (c *Client) Close() error {
 	return nil
 }
 
-// run owns the connection: it reads it, pings, and reconnects.
+// closeAction is what a close code tells the client to do.
+type closeAction int
+
+const (
+	reconnect  closeAction = iota // with backoff
+	renewToken                    // new token, reconnect at once
+	giveUp                        // terminal
+)
+
+func actionOf(code int) closeAction {
+	switch {
+	case code >= 4100 && code <= 4199:
+		return renewToken
+	case code >= 4400 && code <= 4499, code == websocket.ClosePolicyViolation,
+		code == websocket.CloseUnsupportedData, code == websocket.CloseInvalidFramePayloadData:
+		return giveUp
+	}
+	return reconnect
+}
+
+// run owns the connection: it reads it, pings, refreshes the token, and
+// reconnects.
 func (c *Client) run(conn *websocket.Conn) {
 	defer close(c.done)
 	defer close(c.events)
@@ -233,21 +345,58 @@ func (c *Client) run(conn *websocket.Conn) {
 			c.setErr(ErrClosed)
 			return
 		}
-		var ce *websocket.CloseError
-		if errors.As(err, &ce) && ce.Code == websocket.ClosePolicyViolation {
-			c.setErr(fmt.Errorf("sync node closed the socket: %w", err))
+		if errors.Is(err, websocket.ErrReadLimit) {
+			c.setErr(ErrFrameTooLarge)
 			return
 		}
+		var ce *websocket.CloseError
+		renew := false
+		if errors.As(err, &ce) {
+			switch actionOf(ce.Code) {
+			case giveUp:
+				c.setErr(fmt.Errorf("sync node closed the socket: %w", err))
+				return
+			case renewToken:
+				renew = c.opts.TokenFunc != nil
+			}
+		}
+		unauthorized := 0
 		for {
-			if _, err := bo.Wait(c.ctx); err != nil {
+			if renew {
+				// Expired, not refused: a new token is all it takes, so
+				// the first attempt does not wait.
+				renew = false
+				if _, err := c.newToken(c.ctx); err != nil {
+					if c.ctx.Err() != nil {
+						c.setErr(ErrClosed)
+						return
+					}
+					renew = true // the token source failed: retry it after a backoff
+					if _, err := bo.Wait(c.ctx); err != nil {
+						c.setErr(ErrClosed)
+						return
+					}
+					continue
+				}
+			} else if _, err := bo.Wait(c.ctx); err != nil {
 				c.setErr(ErrClosed)
 				return
 			}
 			conn, err = c.dial(c.ctx)
 			var he *HandshakeError
 			if errors.As(err, &he) && he.Status == http.StatusUnauthorized {
-				c.setErr(err)
-				return
+				// A 401 with a token source may be a token that went stale
+				// in flight: try a few new ones before giving up.
+				if unauthorized++; c.opts.TokenFunc == nil || unauthorized > 3 {
+					c.setErr(err)
+					return
+				}
+				if _, err := bo.Wait(c.ctx); err != nil {
+					c.setErr(ErrClosed)
+					return
+				}
+				renew = true
+				continue
 			}
 			if err == nil {
 				break
@@ -287,7 +436,8 @@ type frame struct {
 	Message string          `json:"message"`
 }
 
-// session reads one connection until it fails.
+// session reads one connection until it fails. Its helper goroutine pings
+// and, with a TokenFunc, refreshes the token before exp.
 func (c *Client) session(conn *websocket.Conn) error {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -296,12 +446,17 @@ func (c *Client) session(conn *websocket.Conn) error {
 		defer wg.Done()
 		t := time.NewTicker(c.opts.PingInterval)
 		defer t.Stop()
+		refresh := time.NewTimer(c.refreshIn())
+		defer refresh.Stop()
 		for {
 			select {
 			case <-stop:
 				return
 			case <-t.C:
 				_ = c.Ping()
+			case <-refresh.C:
+				next := c.refresh()
+				refresh.Reset(next)
 			}
 		}
 	}()
@@ -345,7 +500,9 @@ func (c *Client) session(conn *websocket.Conn) error {
 			}
 		case "resync":
 			if st != nil {
-				st.cursor = f.Cursor
+				// Seqs after a resync need not follow the ones before it (a
+				// restored or another journal): dedup starts over.
+				st.cursor, st.lastSeq = f.Cursor, 0
 				ev = &Event{Type: EventResync, Topic: f.Topic, Cursor: f.Cursor}
 			}
 		case "error":
@@ -360,4 +517,49 @@ func (c *Client) session(conn *websocket.Conn) error {
 			}
 		}
 	}
+}
+
+// never is a timer duration that does not fire in practice.
+const never = 100 * 365 * 24 * time.Hour
+
+// refreshIn is how long until the token in use should be refreshed:
+// RefreshBefore before its exp, but no sooner than half its remaining life
+// (and at least a second) so a short-lived token is not refreshed in a
+// loop. never without a TokenFunc or an exp.
+func (c *Client) refreshIn() time.Duration {
+	if c.opts.TokenFunc == nil {
+		return never
+	}
+	c.mu.Lock()
+	exp := tokenExpiry(c.token)
+	c.mu.Unlock()
+	if exp.IsZero() {
+		return never
+	}
+	left := time.Until(exp)
+	if left <= 0 {
+		return never // expired: the node closes with 4100 and run renews it
+	}
+	return max(left-c.opts.RefreshBefore, left/2, time.Second)
+}
+
+// refresh fetches a new token and sends it on the live socket
+// ({"t":"refresh","token":…}); it returns when to refresh next. A refresh
+// the node refuses comes back as an EventError; the old token stays until
+// the node closes at its exp, and run then gets a new one.
+func (c *Client) refresh() time.Duration {
+	ctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+	defer cancel()
+	c.mu.Lock()
+	old := c.token
+	c.mu.Unlock()
+	tok, err := c.newToken(ctx)
+	if err != nil {
+		return 5 * time.Second
+	}
+	if tok == old {
+		return never // nothing newer yet: the expiry close (4100) renews it
+	}
+	_ = c.send(map[string]string{"t": "refresh", "token": tok})
+	return c.refreshIn()
 }

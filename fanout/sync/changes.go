@@ -31,7 +31,7 @@ func writeJSONError(w http.ResponseWriter, status int, code, msg string) {
 // serveChanges answers GET /v1/changes?topic=&cursor=&limit= with the same
 // token and scoping as sockets: the token's tenant scopes the read.
 func (n *Node) serveChanges(w http.ResponseWriter, r *http.Request) {
-	claims, err := n.cfg.Auth.Verify(tokenFromRequest(r))
+	claims, err := n.authenticate(r)
 	if err != nil {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="walcast"`)
 		writeJSONError(w, http.StatusUnauthorized, "unauthorized", err.Error())

@@ -144,14 +144,14 @@ func TestHostileClients(t *testing.T) {
 		{"oversized frame", func(t *testing.T) {
 			c := h.mustDial(star)
 			_ = c.c.WriteMessage(websocket.TextMessage, []byte(`{"t":"sub","topic":"`+strings.Repeat("x", 64<<10)+`"}`))
-			if code, reason := c.expectClose(); code != websocket.ClosePolicyViolation || reason != "frame too large" {
+			if code, reason := c.expectClose(); code != CloseBadFrame || reason != "frame too large" {
 				t.Fatalf("closed %d %q", code, reason)
 			}
 		}},
 		{"malformed frame", func(t *testing.T) {
 			c := h.mustDial(star)
 			_ = c.c.WriteMessage(websocket.TextMessage, []byte("\xff\x00{"))
-			if code, reason := c.expectClose(); code != websocket.ClosePolicyViolation || reason != "invalid JSON frame" {
+			if code, reason := c.expectClose(); code != CloseBadFrame || reason != "invalid JSON frame" {
 				t.Fatalf("closed %d %q", code, reason)
 			}
 		}},
@@ -163,7 +163,7 @@ func TestHostileClients(t *testing.T) {
 					break // closed under us
 				}
 			}
-			if code, reason := c.expectClose(); code != websocket.ClosePolicyViolation || reason != "rate limit exceeded" {
+			if code, reason := c.expectClose(); code != CloseFlood || reason != "rate limit exceeded" {
 				t.Fatalf("closed %d %q", code, reason)
 			}
 			if h.topics() != before {

@@ -428,7 +428,7 @@ func (n *Node) Close() {
 	}
 	n.mu.Unlock()
 	for _, s := range socks {
-		s.closeWith(websocket.CloseGoingAway, "node shutting down", "shutdown")
+		s.closeWith(CloseShutdown, "node shutting down", "shutdown")
 	}
 	n.conns.Wait()
 	n.cancel()
@@ -474,7 +474,7 @@ func (n *Node) sweepIdle() {
 			switch {
 			case s.lastRecv.Load() < cutoff:
 				idle = append(idle, s)
-			case s.claims.ExpiresAt != nil && !now.Before(s.claims.ExpiresAt.Time):
+			case s.tokenExpired(now):
 				expired = append(expired, s)
 			}
 		}
@@ -484,7 +484,7 @@ func (n *Node) sweepIdle() {
 		}
 		// A token is checked at the handshake; a socket does not outlive it.
 		for _, s := range expired {
-			s.closeWith(websocket.ClosePolicyViolation, "token expired", "token-expired")
+			s.closeExpired()
 		}
 	}
 }

@@ -591,7 +591,7 @@ func TestSyncTokenExpiryClosesSocket(t *testing.T) {
 	// at the real time; one sweep period later the short token (1 h) has
 	// expired and the long one (1000 h) has not.
 	clock.Advance(6 * time.Hour)
-	if code, reason := short.expectClose(); code != websocket.ClosePolicyViolation || reason != "token expired" {
+	if code, reason := short.expectClose(); code != CloseTokenExpired || reason != "token expired" {
 		t.Fatalf("closed %d %q", code, reason)
 	}
 	long.send(map[string]string{"t": "ping"})
@@ -611,21 +611,22 @@ func TestSyncPolicyViolations(t *testing.T) {
 		name   string
 		send   func(c *wsConn)
 		reason string
+		code   int
 	}{
 		{"flood", func(c *wsConn) {
 			for range 25 {
 				_ = c.c.WriteMessage(websocket.TextMessage, []byte(`{"t":"ping"}`))
 			}
-		}, "rate limit exceeded"},
+		}, "rate limit exceeded", CloseFlood},
 		{"oversized", func(c *wsConn) {
 			_ = c.c.WriteMessage(websocket.TextMessage, []byte(`{"t":"ping","pad":"`+strings.Repeat("x", 4096)+`"}`))
-		}, "frame too large"},
-		{"invalid-json", func(c *wsConn) { _ = c.c.WriteMessage(websocket.TextMessage, []byte(`{"t":`)) }, "invalid JSON frame"},
+		}, "frame too large", CloseBadFrame},
+		{"invalid-json", func(c *wsConn) { _ = c.c.WriteMessage(websocket.TextMessage, []byte(`{"t":`)) }, "invalid JSON frame", CloseBadFrame},
 	}
 	for _, tc := range cases {
 		c := e.mustDial(tok)
 		tc.send(c)
-		if code, reason := c.expectClose(); code != websocket.ClosePolicyViolation || reason != tc.reason {
+		if code, reason := c.expectClose(); code != tc.code || reason != tc.reason {
 			t.Fatalf("%s: closed %d %q", tc.name, code, reason)
 		}
 	}

@@ -141,7 +141,7 @@ func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "origin not allowed", http.StatusForbidden)
 		return
 	}
-	claims, err := n.cfg.Auth.Verify(tokenFromRequest(r))
+	claims, err := n.authenticate(r)
 	if err != nil {
 		n.stats.inc(&n.stats.rejected, "unauthorized")
 		w.Header().Set("WWW-Authenticate", `Bearer realm="walcast"`)
@@ -243,13 +243,18 @@ func (s *socket) run() {
 		if err != nil {
 			break
 		}
-		s.lastRecv.Store(s.n.cfg.Clock.Now().UnixNano())
+		now := s.n.cfg.Clock.Now()
+		s.lastRecv.Store(now.UnixNano())
+		if s.tokenExpired(now) { // between sweeps (auth_socket.go)
+			s.closeExpired()
+			continue
+		}
 		if len(b) > s.n.cfg.MaxFrameBytes {
-			s.closeWith(websocket.ClosePolicyViolation, "frame too large", "oversized-frame")
+			s.closeWith(CloseBadFrame, "frame too large", "oversized-frame")
 			continue
 		}
 		if ok, _ := s.inbound.take(); !ok {
-			s.closeWith(websocket.ClosePolicyViolation, "rate limit exceeded", "flood")
+			s.closeWith(CloseFlood, "rate limit exceeded", "flood")
 			continue
 		}
 		s.handle(b)
@@ -270,12 +275,13 @@ type clientFrame struct {
 	T      string `json:"t"`
 	Topic  string `json:"topic"`
 	Cursor string `json:"cursor"`
+	Token  string `json:"token"` // refresh
 }
 
 func (s *socket) handle(b []byte) {
 	var f clientFrame
 	if err := json.Unmarshal(b, &f); err != nil || f.T == "" {
-		s.closeWith(websocket.ClosePolicyViolation, "invalid JSON frame", "invalid-frame")
+		s.closeWith(CloseBadFrame, "invalid JSON frame", "invalid-frame")
 		return
 	}
 	switch f.T {
@@ -283,6 +289,8 @@ func (s *socket) handle(b []byte) {
 		s.enqueue(pongFrame, nil)
 	case "sub":
 		s.subscribe(f.Topic, f.Cursor)
+	case "refresh":
+		s.refresh(f.Token)
 	case "unsub":
 		if m := s.members[f.Topic]; m != nil {
 			delete(s.members, f.Topic)
