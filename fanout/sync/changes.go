@@ -37,6 +37,17 @@ func (n *Node) serveChanges(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusUnauthorized, "unauthorized", err.Error())
 		return
 	}
+	// Charged to the client's address and to its token's subject alike, so
+	// neither many tokens from one address nor one token from many
+	// addresses gets more than one client's share of the journal.
+	done, wait := n.limits.beginRead(ClientKey(r), "sub:"+claims.Subject)
+	if done == nil {
+		n.stats.inc(&n.stats.rejected, "changes-limit")
+		w.Header().Set("Retry-After", retryAfter(wait))
+		writeJSONError(w, http.StatusTooManyRequests, "rate-limited", "too many journal reads; retry after "+retryAfter(wait)+" s")
+		return
+	}
+	defer done()
 	qv := r.URL.Query()
 	topic := qv.Get("topic")
 	if len(topic) > MaxTopicBytes {
@@ -57,6 +68,9 @@ func (n *Node) serveChanges(w http.ResponseWriter, r *http.Request) {
 			writeJSONError(w, http.StatusBadRequest, "bad-limit", "limit must be a non-negative integer")
 			return
 		}
+	}
+	if h := n.changesHook.Load(); h != nil {
+		(*h)(r)
 	}
 	res, err := n.j.Changes(r.Context(), q)
 	switch {

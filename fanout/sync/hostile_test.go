@@ -67,7 +67,7 @@ func (h *hostileEnv) topics() int {
 // well-behaved client's stream survive every one. The node's memory high
 // water mark is logged at the end.
 func TestHostileClients(t *testing.T) {
-	h := newHostileEnv(t, func(c *Config) { c.ReadHeaderTimeout = 500 * time.Millisecond })
+	h := newHostileEnv(t, func(c *Config) { c.ReadHeaderTimeout = 500 * time.Millisecond }, hostileLimits)
 	star := token(t, []string{"*"}, "", time.Hour)
 	expectErr := func(t *testing.T, c *wsConn, code string) {
 		t.Helper()
@@ -217,6 +217,7 @@ func TestHostileClients(t *testing.T) {
 			_ = c.c.Close()
 		}},
 	}
+	cases = append(cases, hostileBudgetCases(h)...)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.attack(t)

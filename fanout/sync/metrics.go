@@ -19,6 +19,10 @@ type syncStats struct {
 	liveReceived  atomic.Int64
 	liveHandled   atomic.Int64 // messages whose delivery finished (tests)
 	framesEncoded atomic.Int64 // live change frames encoded (benchmarks)
+	// controlOverflows counts sockets closed because even the control
+	// reserve was full (tests).
+	controlOverflows atomic.Int64
+	lagCloses        atomic.Int64 // sockets closed for MaxLag (tests)
 
 	mu       sync.Mutex       // guards the following fields
 	closed   map[string]int64 // close reason → sockets

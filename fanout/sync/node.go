@@ -39,6 +39,7 @@ const (
 	DefaultInboundRate      = 20
 	DefaultInboundBurst     = 60
 	DefaultWriteTimeout     = 10 * time.Second
+	DefaultMaxLag           = 30 * time.Second
 	// HTTP server limits (HTTPServer).
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultHTTPWriteTimeout  = 30 * time.Second
@@ -64,6 +65,11 @@ type Config struct {
 	// MaxDroppedFrames: more drops than this within DropWindowSpan close the
 	// socket with 1013. Negative disables the check.
 	MaxDroppedFrames int
+	// MaxLag closes a socket with 1013 once the oldest thing it owes its
+	// client (a queued frame, or a replay-gap waiting for the queue to
+	// drain) has waited longer than this: the client cannot keep up.
+	// Negative disables the check.
+	MaxLag time.Duration
 	// IdleTimeout closes a socket that sent no frame for this long (1001).
 	IdleTimeout time.Duration
 	// MaxConnections refuses upgrades beyond this many open sockets with
@@ -73,6 +79,20 @@ type Config struct {
 	// them the node answers 503 with Retry-After. 0 means unlimited.
 	AcceptRate  float64
 	AcceptBurst int
+	// Limits per client address (ClientKey: an IPv4 address, an IPv6 /64);
+	// 0 means unlimited. MaxConnectionsPerIP open sockets; beyond them 503
+	// with Retry-After. AcceptRatePerIP (per second) and AcceptBurstPerIP
+	// new sockets; beyond them 503 with Retry-After.
+	MaxConnectionsPerIP int
+	AcceptRatePerIP     float64
+	AcceptBurstPerIP    int
+	// GET /v1/changes budgets, kept per client address and per token
+	// subject alike: ChangesRate (reads per second) and ChangesBurst, and
+	// ChangesConcurrency reads in flight. Beyond them 429 with Retry-After.
+	// 0 means unlimited.
+	ChangesRate        float64
+	ChangesBurst       int
+	ChangesConcurrency int
 	// InboundRate (frames per second) and InboundBurst bound what one client
 	// may send; a flood closes the socket with 1008.
 	InboundRate  float64
@@ -132,6 +152,9 @@ func (c *Config) setDefaults() error {
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = DefaultIdleTimeout
 	}
+	if c.MaxLag == 0 {
+		c.MaxLag = DefaultMaxLag
+	}
 	if c.InboundRate <= 0 {
 		c.InboundRate = DefaultInboundRate
 	}
@@ -177,6 +200,9 @@ type Node struct {
 	log      *slog.Logger
 	upgrader websocket.Upgrader
 	accept   *tokenBucket
+	limits   clientLimits // per-address and per-subject budgets
+
+	changesHook atomic.Pointer[func(*http.Request)] // tests: runs before each /v1/changes journal read
 	reads    sharedReads
 	stats    syncStats
 	reg      metric.Registration
@@ -217,6 +243,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		failed: make(chan struct{})}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.reads.n = n
+	n.limits.init(&n.cfg)
 	if cfg.AcceptRate > 0 {
 		burst := cfg.AcceptBurst
 		if burst <= 0 {
@@ -295,8 +322,9 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("sync: metrics: %w", err)
 		}
 	}
-	n.wg.Add(3)
+	n.wg.Add(4)
 	go n.sweepIdle()
+	go n.sweepLag()
 	go n.followHorizon()
 	go n.followEntities()
 	return n, nil
@@ -700,17 +728,24 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 		return
 	}
 	if head.Oversize {
-		// Fetched outside the lock; the callback is sequential per topic, so
-		// order is kept.
-		e, err := n.j.EntryAt(n.ctx, seq)
-		if err != nil {
-			n.warnEvery("oversize", "oversize change not readable from the journal; repairing the entity", "seq", seq, "err", err)
-			t.mu.Lock()
-			t.repairLocked("oversize")
-			t.mu.Unlock()
-			return
+		// The row is read from the journal, never on this callback (a slow
+		// journal would stall the entity's delivery to every member): the
+		// members that see it catch up from their positions, on their own
+		// goroutines, and the journal read brings the full envelope.
+		t.mu.Lock()
+		k := 0
+		for m := range t.members {
+			if m.state == memberLive && seq > m.pos && visible(m.tenantTok, tenantTok, unknown) {
+				m.state = memberCatchingUp
+				m.s.startCatchUp(m)
+				k++
+			}
 		}
-		payload = e.Envelope
+		t.mu.Unlock()
+		if k > 0 {
+			n.stats.inc(&n.stats.repairs, "oversize")
+		}
+		return
 	}
 	op := head.Op
 
@@ -737,7 +772,7 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 		m.deliverLocked(f, seq)
 		if op == decoder.OpTruncate && m.state == memberLive {
 			// The truncate also means: re-read the entity (DESIGN §6).
-			m.deliverLocked(n.resyncFrame(m, seq), seq)
+			m.resyncLocked(n.resyncFrame(m, seq), seq)
 		}
 	}
 }
@@ -768,6 +803,15 @@ func (m *member) deliverLocked(f *frame, seq int64) {
 	}
 	if m.state != memberGone {
 		m.state = memberDesynced
+	}
+}
+
+// resyncLocked queues a resync frame f (at seq) on m's socket as a control
+// frame: it is never dropped (a socket that cannot take it is closed with
+// 1013). t.mu is held.
+func (m *member) resyncLocked(f *frame, seq int64) {
+	if m.s.enqueue(f, nil) {
+		m.pos = seq
 	}
 }
 
@@ -848,11 +892,7 @@ func (n *Node) onResync(msg *nats.Msg) {
 				f = n.resyncFrame(m, seq)
 				enc[m.q.Tenant] = f
 			}
-			if m.s.enqueue(f, m) {
-				m.pos = seq
-			} else {
-				m.state = memberDesynced
-			}
+			m.resyncLocked(f, seq)
 		}
 		t.mu.Unlock()
 	}

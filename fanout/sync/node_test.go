@@ -292,6 +292,7 @@ func TestSyncDropsSpreadOutDoNotClose(t *testing.T) {
 		c.sndBuf = 4096
 		c.Clock = clock
 		c.IdleTimeout = time.Hour
+		c.MaxLag = time.Hour // this test is about the drop window alone
 	})
 	// Granted by name: these entities have no journaled change yet.
 	topics := []string{"public.a", "public.b", "public.c", "public.d", "public.e", "public.f", "public.g", "public.h"}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -120,10 +121,18 @@ type socket struct {
 	// outside its queue, however many topics it follows.
 	catchUps chan struct{}
 
-	mu          sync.Mutex // guards the following fields
-	queue       []*frame   // outbound, queue[head:] pending
-	head        int
-	queued      int // bytes of frames queued or being written
+	mu     sync.Mutex    // guards the following fields
+	queue  []queuedFrame // outbound, queue[head:] pending, oldest first
+	head   int
+	queued int // bytes of frames queued or being written
+	// writingAt is when the oldest frame of the batch being written was
+	// queued (clock UnixNano; 0 when no batch is being written), gapsAt
+	// when the oldest replay-gap owed was recorded (0 when none): with
+	// queue[head].at they say how far behind the client is (lagLocked).
+	writingAt int64
+	gapsAt    int64
+	// broken: a write failed part way, so no close frame can follow.
+	broken      bool
 	writing     bool
 	room        chan struct{} // closed by the writer when it frees bytes; nil when nobody waits
 	gaps        []socketGap
@@ -148,7 +157,17 @@ func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusUnauthorized)
 		return
 	}
+	// Per address first, so one address over its budget spends none of
+	// the node's.
+	key := ClientKey(r)
+	if why, wait := n.limits.admitSocket(key); why != "" {
+		n.stats.inc(&n.stats.rejected, why)
+		w.Header().Set("Retry-After", retryAfter(wait))
+		http.Error(w, "too many connections from this address; retry later", http.StatusServiceUnavailable)
+		return
+	}
 	if ok, wait := n.accept.take(); !ok {
+		n.limits.releaseSocket(key)
 		n.stats.inc(&n.stats.rejected, "accept-rate")
 		w.Header().Set("Retry-After", strconv.Itoa(int(max(1, (wait+time.Second-1)/time.Second))))
 		http.Error(w, "too many new connections; retry later", http.StatusServiceUnavailable)
@@ -158,10 +177,12 @@ func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case n.closed:
 		n.mu.Unlock()
+		n.limits.releaseSocket(key)
 		http.Error(w, "node shutting down", http.StatusServiceUnavailable)
 		return
 	case n.cfg.MaxConnections > 0 && len(n.sockets) >= n.cfg.MaxConnections:
 		n.mu.Unlock()
+		n.limits.releaseSocket(key)
 		n.stats.inc(&n.stats.rejected, "max-connections")
 		w.Header().Set("Retry-After", "5")
 		http.Error(w, "connection limit reached", http.StatusServiceUnavailable)
@@ -182,6 +203,7 @@ func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
 		n.mu.Lock()
 		delete(n.sockets, s)
 		n.mu.Unlock()
+		n.limits.releaseSocket(key)
 		n.conns.Done()
 	}
 
@@ -488,7 +510,7 @@ func (s *socket) catchUp(m *member) {
 			continue
 		}
 		if page.resync != nil {
-			m.deliverLocked(page.resync, page.resyncPos)
+			m.resyncLocked(page.resync, page.resyncPos)
 			t.mu.Unlock()
 			<-s.catchUps
 			continue
@@ -559,9 +581,7 @@ func (s *socket) enqueueReplay(f *frame) (bool, <-chan struct{}) {
 		}
 		return false, s.room
 	}
-	s.queue = append(s.queue, f)
-	s.queued += f.size
-	s.startWriterLocked()
+	s.pushLocked(f)
 	return true, nil
 }
 
@@ -571,10 +591,13 @@ func (s *socket) isClosing() bool {
 	return s.closing
 }
 
-// enqueue queues f. A frame that does not fit in MaxBufferedBytes is
-// dropped: it is counted, the member's topic is owed a replay-gap (when m is
-// not nil) and the drop window may close the socket. It reports whether f
-// was queued. Callers may hold t.mu.
+// enqueue queues f. With m nil, f is a control frame (subscribed, resync,
+// error, pong, …): it may use ControlReserveBytes beyond MaxBufferedBytes
+// and is never dropped; when even the reserve is full the client cannot
+// keep up and the socket is closed with 1013 backpressure. With m set, f is
+// a live frame of m's topic: one that does not fit in MaxBufferedBytes is
+// dropped, counted, m's topic is owed a replay-gap and the drop window may
+// close the socket. It reports whether f was queued. Callers may hold t.mu.
 func (s *socket) enqueue(f *frame, m *member) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -583,21 +606,68 @@ func (s *socket) enqueue(f *frame, m *member) bool {
 	}
 	// An empty queue takes any frame, so a change larger than the bound is
 	// still deliverable.
-	if s.queued > 0 && s.queued+f.size > s.n.cfg.MaxBufferedBytes {
+	limit := s.n.cfg.MaxBufferedBytes
+	if m == nil {
+		limit += ControlReserveBytes
+	}
+	if s.queued > 0 && s.queued+f.size > limit {
+		if m == nil {
+			s.n.stats.controlOverflows.Add(1)
+			s.closeLocked(CloseBackpressure, "backpressure", "backpressure")
+			return false
+		}
 		s.n.stats.framesDropped.Add(1)
-		if m != nil {
+		if !slices.ContainsFunc(s.gaps, func(g socketGap) bool { return g.topic == m.topic }) {
 			cur, _ := s.n.j.CursorAt(m.q, m.pos)
 			s.gaps = append(s.gaps, socketGap{m.topic, cur})
+			if s.gapsAt == 0 {
+				s.gapsAt = s.n.cfg.Clock.Now().UnixNano()
+			}
 		}
 		if s.drops.Add(s.n.cfg.Clock.Now()) {
-			s.closeLocked(websocket.CloseTryAgainLater, "backpressure", "backpressure")
+			s.closeLocked(CloseBackpressure, "backpressure", "backpressure")
 		}
 		return false
 	}
-	s.queue = append(s.queue, f)
+	s.pushLocked(f)
+	return true
+}
+
+// ControlReserveBytes is the room each socket keeps for control frames
+// beyond MaxBufferedBytes: enough for a resync on each of its
+// maxTopicsPerSocket topics (names of MaxTopicBytes) and then some.
+const ControlReserveBytes = 128 << 10
+
+// queuedFrame is a frame in a socket's queue and when it was queued (clock
+// UnixNano).
+type queuedFrame struct {
+	f  *frame
+	at int64
+}
+
+// pushLocked appends f to the queue and starts the writer. s.mu is held.
+func (s *socket) pushLocked(f *frame) {
+	s.queue = append(s.queue, queuedFrame{f, s.n.cfg.Clock.Now().UnixNano()})
 	s.queued += f.size
 	s.startWriterLocked()
-	return true
+}
+
+// lagLocked is how long the oldest thing the socket owes its client has
+// waited at now (clock UnixNano): a queued frame, the batch being written,
+// or a replay-gap (owed until the queue drains). 0 when it owes nothing.
+// s.mu is held.
+func (s *socket) lagLocked(now int64) time.Duration {
+	oldest := s.writingAt
+	if s.head < len(s.queue) && (oldest == 0 || s.queue[s.head].at < oldest) {
+		oldest = s.queue[s.head].at
+	}
+	if s.gapsAt != 0 && (oldest == 0 || s.gapsAt < oldest) {
+		oldest = s.gapsAt
+	}
+	if oldest == 0 || now <= oldest {
+		return 0
+	}
+	return time.Duration(now - oldest)
 }
 
 func (s *socket) startWriterLocked() {
@@ -624,7 +694,7 @@ func (s *socket) closeLocked(code int, reason, metricReason string) {
 	s.closing, s.closeCode, s.closeReason = true, code, reason
 	s.n.stats.inc(&s.n.stats.closed, metricReason)
 	clear(s.queue[s.head:])
-	s.queue, s.head, s.gaps = nil, 0, nil
+	s.queue, s.head, s.gaps, s.gapsAt = nil, 0, nil, 0
 	if s.conn != nil {
 		s.startWriterLocked()
 	}
@@ -641,7 +711,11 @@ func (s *socket) write() {
 		if s.closing {
 			s.writing = false
 			code, reason := s.closeCode, s.closeReason
+			broken := s.broken
 			s.mu.Unlock()
+			if broken {
+				code = websocket.CloseAbnormalClosure // no frame can follow a partial one
+			}
 			s.sendClose(code, reason)
 			return
 		}
@@ -657,20 +731,21 @@ func (s *socket) write() {
 				if !seen[g.topic] {
 					seen[g.topic] = true
 					f := controlFrame("replay-gap", g.topic, g.cursor)
-					s.queue = append(s.queue, f)
+					s.queue = append(s.queue, queuedFrame{f, s.gapsAt})
 					s.queued += f.size
 					s.n.stats.replayGaps.Add(1)
 				}
 			}
-			s.gaps = nil
+			s.gaps, s.gapsAt = nil, 0
 		}
 		// Take everything queued (bounded) and send it with one writev.
 		bp := writeBatchPool.Get().(*net.Buffers)
 		bufs := (*bp)[:0]
 		size := 0
+		s.writingAt = s.queue[s.head].at
 		for s.head < len(s.queue) && len(bufs) < 512 && size < 1<<20 {
-			f := s.queue[s.head]
-			s.queue[s.head] = nil
+			f := s.queue[s.head].f
+			s.queue[s.head] = queuedFrame{}
 			s.head++
 			bufs = append(bufs, f.wire)
 			size += f.size
@@ -686,6 +761,7 @@ func (s *socket) write() {
 		*bp = bufs[:0]
 		writeBatchPool.Put(bp)
 		s.mu.Lock()
+		s.writingAt = 0
 		s.queued -= size
 		if s.queued < 0 || s.closing {
 			s.queued = 0
@@ -696,7 +772,16 @@ func (s *socket) write() {
 		}
 		s.mu.Unlock()
 		if err != nil {
-			s.closeWith(websocket.CloseAbnormalClosure, "", "write-error")
+			s.mu.Lock()
+			s.broken = true
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				// The batch was not taken within WriteTimeout: the client
+				// reads nothing, or far too slowly.
+				s.closeLocked(CloseBackpressure, "backpressure", "backpressure")
+			} else {
+				s.closeLocked(websocket.CloseAbnormalClosure, "", "write-error")
+			}
+			s.mu.Unlock()
 			_ = s.conn.Close()
 			continue
 		}

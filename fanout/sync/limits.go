@@ -1,0 +1,214 @@
+package sync
+
+import (
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// maxClientKeys bounds the addresses and subjects the node keeps budgets
+// for. Budgets at rest (no socket, no read in flight, buckets full) are
+// forgotten by the lag sweep; a new client arriving while the table is full
+// of active ones is refused like one over its budget.
+const maxClientKeys = 1 << 17
+
+// ClientKey is the address a request's per-client limits are kept under:
+// the IPv4 address, or the /64 of an IPv6 address (one host usually holds a
+// whole /64, so per-address limits on IPv6 would limit nothing). Behind a
+// proxy that does not pass the client's own address every client has the
+// proxy's key.
+func ClientKey(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return "ip:" + host
+	}
+	a = a.Unmap()
+	if a.Is6() {
+		p, _ := a.Prefix(64)
+		return "ip:" + p.String()
+	}
+	return "ip:" + a.String()
+}
+
+// bucket is token-bucket state kept inside a budget (the budget table's
+// lock guards it).
+type bucket struct {
+	tokens float64
+	last   time.Time
+	used   bool // tokens and last are set
+}
+
+// take takes one token at now from a bucket of rate per second and burst;
+// rate <= 0 means unlimited. When none is left it reports false and how
+// long until one will be.
+func (b *bucket) take(now time.Time, rate float64, burst int) (bool, time.Duration) {
+	if rate <= 0 {
+		return true, 0
+	}
+	if !b.used {
+		b.tokens, b.last, b.used = float64(burst), now, true
+	}
+	if el := now.Sub(b.last).Seconds(); el > 0 {
+		b.tokens = min(float64(burst), b.tokens+el*rate)
+	}
+	b.last = now
+	if b.tokens >= 1 {
+		b.tokens--
+		return true, 0
+	}
+	return false, time.Duration((1 - b.tokens) / rate * float64(time.Second))
+}
+
+// full reports whether the bucket has refilled by now (forgetting it loses
+// nothing).
+func (b *bucket) full(now time.Time, rate float64, burst int) bool {
+	return !b.used || rate <= 0 || b.tokens+now.Sub(b.last).Seconds()*rate >= float64(burst)
+}
+
+// budget is what one client key has in use.
+type budget struct {
+	conns   int // open sockets (and handshakes holding a slot)
+	reads   int // /v1/changes reads in flight
+	accept  bucket
+	changes bucket
+}
+
+// clientLimits keeps the per-address and per-subject budgets (Config:
+// MaxConnectionsPerIP, AcceptRatePerIP, Changes*). Safe for concurrent use;
+// its lock is taken after every other lock of the node, never before one.
+type clientLimits struct {
+	cfg *Config
+
+	mu   sync.Mutex // guards the following field
+	keys map[string]*budget
+}
+
+func (l *clientLimits) init(cfg *Config) {
+	l.cfg = cfg
+	l.keys = map[string]*budget{}
+	if cfg.AcceptRatePerIP > 0 && cfg.AcceptBurstPerIP <= 0 {
+		cfg.AcceptBurstPerIP = max(1, int(cfg.AcceptRatePerIP))
+	}
+	if cfg.ChangesRate > 0 && cfg.ChangesBurst <= 0 {
+		cfg.ChangesBurst = max(1, int(cfg.ChangesRate))
+	}
+}
+
+// getLocked returns key's budget, creating it; nil when the table is full.
+func (l *clientLimits) getLocked(key string) *budget {
+	b := l.keys[key]
+	if b == nil {
+		if len(l.keys) >= maxClientKeys {
+			return nil
+		}
+		b = &budget{}
+		l.keys[key] = b
+	}
+	return b
+}
+
+// admitSocket takes a connection slot and an accept token of key. It
+// returns the refusal reason ("max-connections-per-ip", "accept-rate-per-ip",
+// "client-table-full") and how long to wait, or "" when admitted; an
+// admitted socket calls releaseSocket when it ends.
+func (l *clientLimits) admitSocket(key string) (string, time.Duration) {
+	c := l.cfg
+	if c.MaxConnectionsPerIP <= 0 && c.AcceptRatePerIP <= 0 {
+		return "", 0
+	}
+	now := c.Clock.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := l.getLocked(key)
+	switch {
+	case b == nil:
+		return "client-table-full", 5 * time.Second
+	case c.MaxConnectionsPerIP > 0 && b.conns >= c.MaxConnectionsPerIP:
+		return "max-connections-per-ip", 5 * time.Second
+	}
+	if ok, wait := b.accept.take(now, c.AcceptRatePerIP, c.AcceptBurstPerIP); !ok {
+		return "accept-rate-per-ip", wait
+	}
+	b.conns++
+	return "", 0
+}
+
+// releaseSocket returns the slot an admitted socket of key held.
+func (l *clientLimits) releaseSocket(key string) {
+	c := l.cfg
+	if c.MaxConnectionsPerIP <= 0 && c.AcceptRatePerIP <= 0 {
+		return
+	}
+	l.mu.Lock()
+	if b := l.keys[key]; b != nil && b.conns > 0 {
+		b.conns--
+	}
+	l.mu.Unlock()
+}
+
+// beginRead admits one /v1/changes read charged to every key (the client's
+// address and its token's subject): each must have a read token and room
+// for one more read in flight. Admitted, it returns a release func to call
+// when the read ends; refused, the wait before retrying.
+func (l *clientLimits) beginRead(keys ...string) (func(), time.Duration) {
+	c := l.cfg
+	if c.ChangesRate <= 0 && c.ChangesConcurrency <= 0 {
+		return func() {}, 0
+	}
+	now := c.Clock.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	bs := make([]*budget, len(keys))
+	for i, k := range keys {
+		if bs[i] = l.getLocked(k); bs[i] == nil {
+			return nil, 5 * time.Second
+		}
+		if c.ChangesConcurrency > 0 && bs[i].reads >= c.ChangesConcurrency {
+			return nil, time.Second
+		}
+	}
+	// Every key has room in flight; now the rate. A key refused here has
+	// spent nothing, the ones before it have spent a token (a refused
+	// request still costs its sender).
+	for _, b := range bs {
+		if ok, wait := b.changes.take(now, c.ChangesRate, c.ChangesBurst); !ok {
+			return nil, wait
+		}
+	}
+	for _, b := range bs {
+		b.reads++
+	}
+	return func() {
+		l.mu.Lock()
+		for _, b := range bs {
+			b.reads--
+		}
+		l.mu.Unlock()
+	}, 0
+}
+
+// prune forgets the budgets at rest at now.
+func (l *clientLimits) prune(now time.Time) {
+	c := l.cfg
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for k, b := range l.keys {
+		if b.conns == 0 && b.reads == 0 && b.accept.full(now, c.AcceptRatePerIP, c.AcceptBurstPerIP) &&
+			b.changes.full(now, c.ChangesRate, c.ChangesBurst) {
+			delete(l.keys, k)
+		}
+	}
+}
+
+// retryAfter is the Retry-After value (whole seconds, at least 1) for a
+// wait.
+func retryAfter(wait time.Duration) string {
+	return strconv.Itoa(int(max(1, (wait+time.Second-1)/time.Second)))
+}
