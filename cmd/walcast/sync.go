@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -40,6 +41,7 @@ type syncFlags struct {
 	tlsCert         string
 	tlsKey          string
 	origins         []string
+	trustedProxies  []string
 	cfg             syncnode.Config
 	logs            logFlags
 }
@@ -91,6 +93,8 @@ Exit status: 0 after a clean stop (SIGINT/SIGTERM), 1 when the node fails,
 	f.Float64Var(&sf.cfg.AcceptRate, "accept-rate", 500, "new connections per second before 503 with Retry-After (0: unlimited)")
 	f.IntVar(&sf.cfg.AcceptBurst, "accept-burst", 1000, "burst of new connections above --accept-rate")
 	f.IntVar(&sf.cfg.MaxConnectionsPerIP, "max-connections-per-ip", 100, "open sockets per client address (IPv6: per /64) beyond which upgrades get 503 (0: unlimited)")
+	f.IntVar(&sf.cfg.MaxConnectionsPerSubject, "max-connections-per-subject", 0, "open sockets per token subject (sub), from any addresses, beyond which upgrades get 503 (0: unlimited)")
+	f.StringSliceVar(&sf.trustedProxies, "trusted-proxies", nil, "proxies (addresses or CIDRs) whose X-Forwarded-For gives the client address the per-address limits use")
 	f.Float64Var(&sf.cfg.AcceptRatePerIP, "accept-rate-per-ip", 10, "new connections per second per client address before 503 with Retry-After (0: unlimited)")
 	f.IntVar(&sf.cfg.AcceptBurstPerIP, "accept-burst-per-ip", 50, "burst of new connections per client address above --accept-rate-per-ip")
 	f.Float64Var(&sf.cfg.ChangesRate, "changes-rate", 10, "GET /v1/changes reads per second per client address and per token subject before 429 (0: unlimited)")
@@ -180,6 +184,17 @@ func runSync(ctx context.Context, log *slog.Logger, sf *syncFlags) error {
 	cfg.NATS = sf.nf.cfg
 	cfg.Journal, cfg.Auth, cfg.SubjectPrefix, cfg.Logger = j, auth, sf.prefix, log
 	cfg.AllowedOrigins = sf.origins
+	for _, p := range sf.trustedProxies {
+		pfx, err := netip.ParsePrefix(p)
+		if err != nil {
+			a, aerr := netip.ParseAddr(p)
+			if aerr != nil {
+				return usageErrorf("sync: --trusted-proxies: %q is neither an address nor a CIDR", p)
+			}
+			pfx = netip.PrefixFrom(a, a.BitLen())
+		}
+		cfg.TrustedProxies = append(cfg.TrustedProxies, pfx.Masked())
+	}
 	cfg.Meter = metrics.Meter("walcast/sync")
 	node, err := syncnode.Open(ctx, cfg)
 	if err != nil {

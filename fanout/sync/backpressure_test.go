@@ -15,6 +15,11 @@ import (
 // dialFrom dials a socket from the loopback address ip (Linux routes all of
 // 127/8 to lo), so a test can be several client addresses at once.
 func (e *syncEnv) dialFrom(ip, tok string, rcvBuf int) (*wsConn, *http.Response, error) {
+	return e.dialFromWith(ip, tok, rcvBuf, nil)
+}
+
+// dialFromWith is dialFrom with request headers.
+func (e *syncEnv) dialFromWith(ip, tok string, rcvBuf int, hdr http.Header) (*wsConn, *http.Response, error) {
 	d := websocket.Dialer{HandshakeTimeout: 10 * time.Second,
 		NetDialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}).DialContext(ctx, network, addr)
@@ -23,7 +28,7 @@ func (e *syncEnv) dialFrom(ip, tok string, rcvBuf int) (*wsConn, *http.Response,
 			}
 			return c, err
 		}}
-	c, resp, err := d.Dial(e.wsURL(tok), nil)
+	c, resp, err := d.Dial(e.wsURL(tok), hdr)
 	if err != nil {
 		return nil, resp, err
 	}

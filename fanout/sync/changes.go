@@ -40,7 +40,7 @@ func (n *Node) serveChanges(w http.ResponseWriter, r *http.Request) {
 	// Charged to the client's address and to its token's subject alike, so
 	// neither many tokens from one address nor one token from many
 	// addresses gets more than one client's share of the journal.
-	done, wait := n.limits.beginRead(ClientKey(r), "sub:"+claims.Subject)
+	done, wait := n.limits.beginRead(n.clientKey(r), subjectKey(claims))
 	if done == nil {
 		n.stats.inc(&n.stats.rejected, "changes-limit")
 		w.Header().Set("Retry-After", retryAfter(wait))

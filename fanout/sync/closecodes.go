@@ -13,7 +13,9 @@ const (
 	// CloseIdle: the socket sent nothing for --idle-timeout. Reconnect.
 	CloseIdle = websocket.CloseGoingAway // 1001
 	// CloseBackpressure: the client fell too far behind (drops within the
-	// window). Reconnect after a backoff and resume from the cursors.
+	// window, behind for longer than --max-lag, a write not taken within
+	// the write timeout, or the control reserve full). Reconnect after a
+	// backoff and resume from the cursors.
 	CloseBackpressure = websocket.CloseTryAgainLater // 1013
 	// CloseShutdown: the node is shutting down. Reconnect (another node).
 	CloseShutdown = 4000

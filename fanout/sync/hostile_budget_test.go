@@ -19,6 +19,7 @@ import (
 // address of its own.
 func hostileLimits(c *Config) {
 	c.MaxConnectionsPerIP = 20
+	c.MaxConnectionsPerSubject = 20
 	c.AcceptRatePerIP, c.AcceptBurstPerIP = 1, 30
 	c.ChangesRate, c.ChangesBurst, c.ChangesConcurrency = 2, 5, 2
 }
@@ -61,17 +62,20 @@ func hostileBudgetCases(h *hostileEnv) []struct {
 		attack func(t *testing.T)
 	}{
 		{"connections from one address", func(t *testing.T) {
-			// Before: only --max-connections (node-wide) bounded them.
+			// Before: only --max-connections (node-wide) bounded them. The
+			// X-Forwarded-For header is the client's own word (no trusted
+			// proxies here): ignored.
 			base := h.node.Stats().SocketsOpen
+			tabs := subToken(t, "many-tabs", []string{orders}, "acme")
 			var conns []*wsConn
 			for i := range 20 {
-				c, resp, err := h.dialFrom("127.0.0.2", tok(t), 0)
+				c, resp, err := h.dialFromWith("127.0.0.2", tabs, 0, http.Header{"X-Forwarded-For": {fmt.Sprintf("203.0.113.%d", i)}})
 				if err != nil {
 					t.Fatalf("socket %d of the address's 20: %v %v", i, err, resp)
 				}
 				conns = append(conns, c)
 			}
-			_, resp, err := h.dialFrom("127.0.0.2", tok(t), 0)
+			_, resp, err := h.dialFromWith("127.0.0.2", tabs, 0, http.Header{"X-Forwarded-For": {"198.51.100.1"}})
 			if err == nil || resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 				t.Fatalf("21st socket from one address: %v %v", err, resp)
 			}
@@ -83,6 +87,29 @@ func hostileBudgetCases(h *hostileEnv) []struct {
 			c.sub(orders, "")
 			c.expect("subscribed")
 			_ = c.c.Close()
+			for _, c := range conns {
+				_ = c.c.Close()
+			}
+			waitFor(t, "sockets closed", func() bool { return h.node.Stats().SocketsOpen == base })
+		}},
+		{"sockets of one subject from many addresses", func(t *testing.T) {
+			base := h.node.Stats().SocketsOpen
+			roamer := subToken(t, "roamer-ws", []string{orders}, "acme")
+			var conns []*wsConn
+			for i := range 20 {
+				c, resp, err := h.dialFrom(fmt.Sprintf("127.0.2.%d", i+1), roamer, 0)
+				if err != nil {
+					t.Fatalf("socket %d of the subject's 20: %v %v", i, err, resp)
+				}
+				conns = append(conns, c)
+			}
+			_, resp, err := h.dialFrom("127.0.2.99", roamer, 0)
+			if err == nil || resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+				t.Fatalf("21st socket of one subject: %v %v", err, resp)
+			}
+			if n := h.node.Stats().Rejected["max-connections-per-subject"]; n != 1 {
+				t.Fatalf("rejections %v", h.node.Stats().Rejected)
+			}
 			for _, c := range conns {
 				_ = c.c.Close()
 			}
@@ -153,7 +180,7 @@ func hostileBudgetCases(h *hostileEnv) []struct {
 			release := make(chan struct{})
 			var held atomic.Int32
 			hook := func(r *http.Request) {
-				if ClientKey(r) == "ip:127.0.0.5" {
+				if h.node.clientKey(r) == "ip:127.0.0.5" {
 					held.Add(1)
 					select {
 					case <-release:

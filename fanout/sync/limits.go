@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -15,12 +16,14 @@ import (
 // of active ones is refused like one over its budget.
 const maxClientKeys = 1 << 17
 
-// ClientKey is the address a request's per-client limits are kept under:
+// clientKey is the address a request's per-client limits are kept under:
 // the IPv4 address, or the /64 of an IPv6 address (one host usually holds a
-// whole /64, so per-address limits on IPv6 would limit nothing). Behind a
-// proxy that does not pass the client's own address every client has the
-// proxy's key.
-func ClientKey(r *http.Request) string {
+// whole /64, so per-address limits on IPv6 would limit nothing). The
+// address is the peer's, or, when the peer is one of TrustedProxies, the
+// rightmost X-Forwarded-For address that is not a trusted proxy (the
+// leftmost one when all are). Behind an untrusted proxy every client has
+// the proxy's key.
+func (n *Node) clientKey(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		host = r.RemoteAddr
@@ -29,13 +32,46 @@ func ClientKey(r *http.Request) string {
 	if err != nil {
 		return "ip:" + host
 	}
-	a = a.Unmap()
+	a = n.forwardedFor(a.Unmap(), r.Header.Values("X-Forwarded-For"))
 	if a.Is6() {
 		p, _ := a.Prefix(64)
 		return "ip:" + p.String()
 	}
 	return "ip:" + a.String()
 }
+
+// forwardedFor walks X-Forwarded-For from the right while the hop that
+// appended each entry is a trusted proxy. A malformed entry stops the walk
+// at the last address known good.
+func (n *Node) forwardedFor(peer netip.Addr, xff []string) netip.Addr {
+	trusted := func(a netip.Addr) bool {
+		for _, p := range n.cfg.TrustedProxies {
+			if p.Contains(a) {
+				return true
+			}
+		}
+		return false
+	}
+	if len(xff) == 0 || !trusted(peer) {
+		return peer
+	}
+	var hops []string
+	for _, v := range xff {
+		hops = append(hops, strings.Split(v, ",")...)
+	}
+	a := peer
+	for i := len(hops) - 1; i >= 0 && trusted(a); i-- {
+		h, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
+		if err != nil {
+			break
+		}
+		a = h.Unmap()
+	}
+	return a
+}
+
+// subjectKey is the budget key of a token's subject.
+func subjectKey(c *Claims) string { return "sub:" + c.Subject }
 
 // bucket is token-bucket state kept inside a budget (the budget table's
 // lock guards it).
@@ -114,43 +150,64 @@ func (l *clientLimits) getLocked(key string) *budget {
 	return b
 }
 
-// admitSocket takes a connection slot and an accept token of key. It
-// returns the refusal reason ("max-connections-per-ip", "accept-rate-per-ip",
-// "client-table-full") and how long to wait, or "" when admitted; an
-// admitted socket calls releaseSocket when it ends.
-func (l *clientLimits) admitSocket(key string) (string, time.Duration) {
+// admitSocket takes a connection slot and an accept token of the address
+// key ip and a connection slot of the subject key sub. It returns the
+// refusal reason ("max-connections-per-ip", "accept-rate-per-ip",
+// "max-connections-per-subject", "client-table-full") and how long to
+// wait, or "" when admitted; an admitted socket calls releaseSocket when it
+// ends.
+func (l *clientLimits) admitSocket(ip, sub string) (string, time.Duration) {
 	c := l.cfg
-	if c.MaxConnectionsPerIP <= 0 && c.AcceptRatePerIP <= 0 {
+	perIP := c.MaxConnectionsPerIP > 0 || c.AcceptRatePerIP > 0
+	perSub := c.MaxConnectionsPerSubject > 0
+	if !perIP && !perSub {
 		return "", 0
 	}
 	now := c.Clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	b := l.getLocked(key)
-	switch {
-	case b == nil:
-		return "client-table-full", 5 * time.Second
-	case c.MaxConnectionsPerIP > 0 && b.conns >= c.MaxConnectionsPerIP:
-		return "max-connections-per-ip", 5 * time.Second
+	var bi, bs *budget
+	if perIP {
+		if bi = l.getLocked(ip); bi == nil {
+			return "client-table-full", 5 * time.Second
+		}
+		if c.MaxConnectionsPerIP > 0 && bi.conns >= c.MaxConnectionsPerIP {
+			return "max-connections-per-ip", 5 * time.Second
+		}
 	}
-	if ok, wait := b.accept.take(now, c.AcceptRatePerIP, c.AcceptBurstPerIP); !ok {
-		return "accept-rate-per-ip", wait
+	if perSub {
+		if bs = l.getLocked(sub); bs == nil {
+			return "client-table-full", 5 * time.Second
+		}
+		if bs.conns >= c.MaxConnectionsPerSubject {
+			return "max-connections-per-subject", 5 * time.Second
+		}
 	}
-	b.conns++
+	if perIP {
+		if ok, wait := bi.accept.take(now, c.AcceptRatePerIP, c.AcceptBurstPerIP); !ok {
+			return "accept-rate-per-ip", wait
+		}
+		bi.conns++
+	}
+	if perSub {
+		bs.conns++
+	}
 	return "", 0
 }
 
-// releaseSocket returns the slot an admitted socket of key held.
-func (l *clientLimits) releaseSocket(key string) {
+// releaseSocket returns the slots an admitted socket of ip and sub held.
+func (l *clientLimits) releaseSocket(ip, sub string) {
 	c := l.cfg
-	if c.MaxConnectionsPerIP <= 0 && c.AcceptRatePerIP <= 0 {
-		return
-	}
+	perIP := c.MaxConnectionsPerIP > 0 || c.AcceptRatePerIP > 0
+	perSub := c.MaxConnectionsPerSubject > 0
 	l.mu.Lock()
-	if b := l.keys[key]; b != nil && b.conns > 0 {
+	defer l.mu.Unlock()
+	if b := l.keys[ip]; perIP && b != nil && b.conns > 0 {
 		b.conns--
 	}
-	l.mu.Unlock()
+	if b := l.keys[sub]; perSub && b != nil && b.conns > 0 {
+		b.conns--
+	}
 }
 
 // beginRead admits one /v1/changes read charged to every key (the client's

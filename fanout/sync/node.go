@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -86,6 +87,16 @@ type Config struct {
 	MaxConnectionsPerIP int
 	AcceptRatePerIP     float64
 	AcceptBurstPerIP    int
+	// MaxConnectionsPerSubject bounds the open sockets of one token
+	// subject (sub; tokens without one share a budget), from any number of
+	// addresses; beyond it 503 with Retry-After. 0 means unlimited.
+	MaxConnectionsPerSubject int
+	// TrustedProxies are the proxies (load balancers) whose requests carry
+	// the client's address in X-Forwarded-For: a request from one of them
+	// is charged to the rightmost X-Forwarded-For address that is not
+	// itself a trusted proxy. From any other peer the header is ignored
+	// (a client could write anything there).
+	TrustedProxies []netip.Prefix
 	// GET /v1/changes budgets, kept per client address and per token
 	// subject alike: ChangesRate (reads per second) and ChangesBurst, and
 	// ChangesConcurrency reads in flight. Beyond them 429 with Retry-After.
@@ -203,9 +214,9 @@ type Node struct {
 	limits   clientLimits // per-address and per-subject budgets
 
 	changesHook atomic.Pointer[func(*http.Request)] // tests: runs before each /v1/changes journal read
-	reads    sharedReads
-	stats    syncStats
-	reg      metric.Registration
+	reads       sharedReads
+	stats       syncStats
+	reg         metric.Registration
 
 	ctx    context.Context // ends with Close
 	cancel context.CancelFunc

@@ -157,17 +157,17 @@ func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusUnauthorized)
 		return
 	}
-	// Per address first, so one address over its budget spends none of
-	// the node's.
-	key := ClientKey(r)
-	if why, wait := n.limits.admitSocket(key); why != "" {
+	// Per address and subject first, so a client over its budget spends
+	// none of the node's.
+	key, subKey := n.clientKey(r), subjectKey(claims)
+	if why, wait := n.limits.admitSocket(key, subKey); why != "" {
 		n.stats.inc(&n.stats.rejected, why)
 		w.Header().Set("Retry-After", retryAfter(wait))
-		http.Error(w, "too many connections from this address; retry later", http.StatusServiceUnavailable)
+		http.Error(w, "too many connections from this client; retry later", http.StatusServiceUnavailable)
 		return
 	}
 	if ok, wait := n.accept.take(); !ok {
-		n.limits.releaseSocket(key)
+		n.limits.releaseSocket(key, subKey)
 		n.stats.inc(&n.stats.rejected, "accept-rate")
 		w.Header().Set("Retry-After", strconv.Itoa(int(max(1, (wait+time.Second-1)/time.Second))))
 		http.Error(w, "too many new connections; retry later", http.StatusServiceUnavailable)
@@ -177,12 +177,12 @@ func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case n.closed:
 		n.mu.Unlock()
-		n.limits.releaseSocket(key)
+		n.limits.releaseSocket(key, subKey)
 		http.Error(w, "node shutting down", http.StatusServiceUnavailable)
 		return
 	case n.cfg.MaxConnections > 0 && len(n.sockets) >= n.cfg.MaxConnections:
 		n.mu.Unlock()
-		n.limits.releaseSocket(key)
+		n.limits.releaseSocket(key, subKey)
 		n.stats.inc(&n.stats.rejected, "max-connections")
 		w.Header().Set("Retry-After", "5")
 		http.Error(w, "connection limit reached", http.StatusServiceUnavailable)
@@ -203,7 +203,7 @@ func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
 		n.mu.Lock()
 		delete(n.sockets, s)
 		n.mu.Unlock()
-		n.limits.releaseSocket(key)
+		n.limits.releaseSocket(key, subKey)
 		n.conns.Done()
 	}
 
