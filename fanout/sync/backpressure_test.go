@@ -142,10 +142,10 @@ func TestSyncControlReserveFullCloses1013(t *testing.T) {
 	// ~80-byte error frames until they are more than the queue, the
 	// reserve, the batch being written and both kernel buffers hold
 	// (about 2,500).
-	for i := 0; e.node.stats.controlOverflows.Load() == 0; i++ {
-		if i > 50000 {
-			t.Fatal("50,000 error frames owed and no overflow")
-		}
+	// The frames may sit in kernel buffers a while before the node reads
+	// them (a loaded machine): stop writing after 50,000 and let waitFor's
+	// deadline decide.
+	for i := 0; e.node.stats.controlOverflows.Load() == 0 && i < 50000; i++ {
 		if err := c.c.WriteJSON(map[string]string{"t": "bogus"}); err != nil {
 			break // closed under us
 		}
