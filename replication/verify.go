@@ -644,6 +644,9 @@ func (v *verifier) checkTenantColumn(ctx context.Context) {
 		if !has {
 			continue // not a tenanted table
 		}
+		if v.serverNum >= 150000 && !v.checkTenantPublished(ctx, t, col) {
+			continue
+		}
 		leaves, err := v.leaves(ctx, t)
 		if err != nil {
 			v.cannot("tenant_column", err)
@@ -668,6 +671,44 @@ func (v *verifier) checkTenantColumn(ctx context.Context) {
 				Fix:   fmt.Sprintf("ALTER TABLE %s REPLICA IDENTITY FULL;", l.quoted)})
 		}
 	}
+}
+
+// checkTenantPublished checks that the publication sends table t's tenant
+// column: a column list that leaves it out makes every row of t look
+// untenanted — delivered to every tenant (PostgreSQL 15+ column lists). It
+// reports false when it failed t, so that no further tenant check of t runs.
+func (v *verifier) checkTenantPublished(ctx context.Context, t pubTable, col string) bool {
+	var attnames []string
+	var rowfilter *string
+	err := v.conn.QueryRow(ctx, `SELECT attnames::text[], rowfilter FROM pg_publication_tables
+		WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`, v.cfg.Publication, t.schema, t.name).Scan(&attnames, &rowfilter)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return true // published through its partitions: their rows are checked there
+	}
+	if err != nil {
+		v.cannot("tenant_column", err)
+		return false
+	}
+	if !contains(attnames, col) {
+		var quotedCols []string
+		for _, a := range append(attnames, col) {
+			var q string
+			if err := v.conn.QueryRow(ctx, `SELECT quote_ident($1)`, a).Scan(&q); err != nil {
+				v.cannot("tenant_column", err)
+				return false
+			}
+			quotedCols = append(quotedCols, q)
+		}
+		v.report.add(Check{ID: "tenant_column", Subject: t.display(), Status: StatusFail,
+			Found: fmt.Sprintf("%s: publication %q's column list leaves out tenant column %q, so its rows would carry no tenant and reach every tenant's readers", t.display(), v.cfg.Publication, col),
+			Fix:   fmt.Sprintf("ALTER PUBLICATION %s DROP TABLE %s; ALTER PUBLICATION %s ADD TABLE %s (%s);", v.q.pub, t.quoted, v.q.pub, t.quoted, strings.Join(quotedCols, ", "))})
+		return false
+	}
+	if rowfilter != nil {
+		v.report.add(Check{ID: "tenant_row_filter", Subject: t.display(), Status: StatusOK,
+			Found: fmt.Sprintf("%s: published WHERE %s; rows outside the filter reach no reader, and an UPDATE that moves a row out arrives as a DELETE routed like any other (see tenant_column)", t.display(), *rowfilter)})
+	}
+	return true
 }
 
 func (v *verifier) checkJournalSchema(ctx context.Context) {

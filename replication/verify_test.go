@@ -339,6 +339,33 @@ func TestVerifyPartitionsAndTenant(t *testing.T) {
 	noCheck(t, r, "partition_root", "")
 }
 
+// TestVerifyTenantColumnList: a publication column list that leaves out the
+// tenant column fails (its rows would reach every tenant), with a fix that
+// pastes; a row filter is reported.
+func TestVerifyTenantColumnList(t *testing.T) {
+	url := pgtest.NewDatabase(t)
+	execSQL(t, url,
+		`CREATE TABLE docs (id int PRIMARY KEY, "Tenant id" text, body text)`,
+		`CREATE TABLE notes (id int PRIMARY KEY, "Tenant id" text, body text)`,
+		`ALTER TABLE notes REPLICA IDENTITY FULL`,
+		`CREATE PUBLICATION p FOR TABLE docs (id, body), notes WHERE (id > 0)`,
+	)
+	cfg := VerifyConfig{DatabaseURL: url, Publication: "p", TenantColumn: "Tenant id"}
+	r := mustVerify(t, cfg)
+	c := check(t, r, "tenant_column", "public.docs")
+	wantStatus(t, c, StatusFail)
+	if !strings.Contains(c.Found, "column list") || !strings.Contains(c.Fix, `"Tenant id"`) {
+		t.Fatalf("column list check: %+v", c)
+	}
+	wantStatus(t, check(t, r, "tenant_row_filter", "public.notes"), StatusOK)
+	wantStatus(t, check(t, r, "tenant_column", "public.notes"), StatusOK)
+	execSQL(t, url, c.Fix)
+	r = mustVerify(t, cfg)
+	if c := check(t, r, "tenant_column", "public.docs"); c.Status == StatusFail {
+		t.Fatalf("still failing after pasting the fix: %+v", c)
+	}
+}
+
 func TestVerifySlot(t *testing.T) {
 	url := pgtest.NewDatabase(t)
 	execSQL(t, url,
