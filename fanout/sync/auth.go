@@ -1,6 +1,7 @@
 package sync
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Claims are what a socket's token grants (DESIGN §6): the subject, the
@@ -87,8 +89,8 @@ func (c *Claims) Allows(topic string) bool {
 const DefaultJWTLeeway = 30 * time.Second
 
 // AuthConfig configures an Authenticator. At least one key source is
-// required; a static key (Secret or PublicKeyPEM, not both) and a JWKS file
-// may be combined.
+// required; a static key (Secret or PublicKeyPEM, not both) and a JWKS
+// (JWKSFile or JWKSURL, not both) may be combined.
 type AuthConfig struct {
 	// Secret verifies HS256 tokens (at least 16 bytes).
 	Secret []byte
@@ -100,6 +102,23 @@ type AuthConfig struct {
 	// JWKSPollInterval, on the verify path); a file that no longer parses
 	// keeps the previous keys and is logged.
 	JWKSFile string
+	// JWKSURL is where a JSON Web Key Set is fetched from: https://, or
+	// http:// to a loopback host (127.0.0.1, ::1, localhost) only. It is
+	// fetched when the Authenticator is built (a failure there fails
+	// OpenAuthenticator), then again every JWKSRefresh and when a token
+	// names a kid the set lacks (at most once per JWKSRefetchMinInterval).
+	// A fetch that fails keeps the keys in force and is logged once per
+	// run of failures. Each fetch is bounded by 10 s, 3 redirects and
+	// maxJWKSBytes, and must answer 200. The Authenticator then owns a
+	// goroutine: Close it.
+	JWKSURL string
+	// JWKSRefresh is how often JWKSURL is fetched again. Zero means
+	// DefaultJWKSRefresh; negative is an error. Cache-Control is not
+	// consulted (see auth_jwksurl.go).
+	JWKSRefresh time.Duration
+	// Meter, when set, receives the JWKSURL fetch metrics
+	// (walcast.sync.jwks.fetches by outcome, walcast.sync.jwks.age).
+	Meter metric.Meter
 	// Audience, when set, must be one of the token's aud values.
 	Audience string
 	// Issuer, when set, must equal the token's iss.
@@ -108,7 +127,7 @@ type AuthConfig struct {
 	// socket gets past its token's exp. Zero means DefaultJWTLeeway;
 	// negative means none.
 	Leeway time.Duration
-	// Logger receives JWKS reload failures; default discards.
+	// Logger receives JWKS reloads and reload failures; default discards.
 	Logger *slog.Logger
 }
 
@@ -122,7 +141,8 @@ const JWKSPollInterval = time.Second
 // own "alg"): a token signed with another algorithm is refused, so no
 // public key is ever used as an HMAC secret. exp is required; nbf and iat
 // are checked when present, with the leeway. Its methods are safe for
-// concurrent use.
+// concurrent use. An Authenticator with a JWKSURL owns a refresher
+// goroutine until Close.
 type Authenticator struct {
 	static   *verifyKey // nil when only a JWKS is configured
 	audience string
@@ -136,6 +156,8 @@ type Authenticator struct {
 	reloadMu sync.Mutex   // serializes reloads
 	// statFailing is set while jwksFile cannot be stat'ed (logged once).
 	statFailing atomic.Bool
+
+	remote *jwksRemote // nil without a JWKSURL
 }
 
 // verifyKey is a key and the one algorithm it verifies.
@@ -155,9 +177,18 @@ func NewPublicKeyAuth(pemBytes []byte) (*Authenticator, error) {
 	return NewAuthenticator(AuthConfig{PublicKeyPEM: pemBytes})
 }
 
-// NewAuthenticator builds an Authenticator from cfg. A JWKS file must exist
-// and parse now.
+// NewAuthenticator is OpenAuthenticator with a context that never ends:
+// with a JWKSURL, only Close stops its refresher.
 func NewAuthenticator(cfg AuthConfig) (*Authenticator, error) {
+	return OpenAuthenticator(context.Background(), cfg)
+}
+
+// OpenAuthenticator builds an Authenticator from cfg. A JWKS file must
+// exist and parse now; a JWKS URL must be fetched now, within ctx and the
+// fetch timeout, and parse. The refresher of a JWKS URL runs until Close
+// is called or ctx ends, whichever is first; the keys fetched last stay in
+// force after that.
+func OpenAuthenticator(ctx context.Context, cfg AuthConfig) (*Authenticator, error) {
 	a := &Authenticator{audience: cfg.Audience, issuer: cfg.Issuer, leeway: cfg.Leeway, log: cfg.Logger, jwksFile: cfg.JWKSFile}
 	switch {
 	case a.leeway == 0:
@@ -185,6 +216,9 @@ func NewAuthenticator(cfg AuthConfig) (*Authenticator, error) {
 			return nil, errors.New("jwt public key: not a PEM RSA or ECDSA public key (fix: point --jwt-public-key-file at a PEM file holding the issuer's public key)")
 		}
 	}
+	if cfg.JWKSFile != "" && cfg.JWKSURL != "" {
+		return nil, errors.New("jwks: give a key set file or a URL, not both (fix: set one of --jwks-file and --jwks-url)")
+	}
 	if a.jwksFile != "" {
 		st, err := loadJWKS(a.jwksFile)
 		if err != nil {
@@ -193,10 +227,36 @@ func NewAuthenticator(cfg AuthConfig) (*Authenticator, error) {
 		a.jwks.Store(st)
 		a.checked.Store(time.Now().UnixNano())
 	}
-	if a.static == nil && a.jwksFile == "" {
-		return nil, errors.New("jwt: no key (fix: set --jwt-secret, --jwt-public-key-file or --jwks-file)")
+	if a.static == nil && a.jwksFile == "" && cfg.JWKSURL == "" {
+		return nil, errors.New("jwt: no key (fix: set --jwt-secret, --jwt-public-key-file, --jwks-file or --jwks-url)")
+	}
+	if cfg.JWKSURL != "" {
+		r, err := newJWKSRemote(cfg.JWKSURL, cfg.JWKSRefresh, a.log, &a.jwks)
+		if err != nil {
+			return nil, err
+		}
+		if err := r.first(ctx); err != nil {
+			return nil, err
+		}
+		if cfg.Meter != nil {
+			if err := r.register(cfg.Meter); err != nil {
+				r.client.CloseIdleConnections()
+				return nil, fmt.Errorf("jwks metrics: %w", err)
+			}
+		}
+		r.start(ctx)
+		a.remote = r
 	}
 	return a, nil
+}
+
+// Close stops the JWKS URL refresher and waits for it to return; a fetch
+// in flight is abandoned. Verify keeps working with the keys in force.
+// Close is safe to call more than once, and is a no-op without a JWKSURL.
+func (a *Authenticator) Close() {
+	if a.remote != nil {
+		a.remote.close()
+	}
 }
 
 // Leeway is the clock skew allowed on a token's times.
@@ -206,12 +266,46 @@ func (a *Authenticator) Leeway() time.Duration { return a.leeway }
 var errNoToken = errors.New("no token: send Authorization: Bearer <jwt> or the access_token query parameter")
 
 // Verify parses and checks a token. The error is fit for the client: it
-// never echoes the token.
+// never echoes the token. With a JWKSURL, a token whose kid the set lacks
+// may wait for one fetch of the set (at most twice the fetch timeout; see
+// jwksRemote.refetch) and is checked again against the keys fetched.
 func (a *Authenticator) Verify(token string) (*Claims, error) {
 	if token == "" {
 		return nil, errNoToken
 	}
 	a.maybeReloadJWKS()
+	c, err := a.parse(token)
+	if err != nil && a.remote != nil && keyMiss(err) {
+		if kid := tokenKid(token); kid != "" && !a.hasKid(kid) && a.remote.refetch() && a.hasKid(kid) {
+			c, err = a.parse(token)
+		}
+	}
+	if err != nil {
+		return nil, clientError(err)
+	}
+	return c, nil
+}
+
+// keyMiss reports whether a parse failed for want of the right key (kid
+// unknown, algorithm not one of the keys', signature not the key's), as
+// opposed to the token's claims.
+func keyMiss(err error) bool {
+	var ke *keyError
+	return errors.As(err, &ke) || errors.Is(err, jwt.ErrTokenSignatureInvalid) || errors.Is(err, jwt.ErrTokenUnverifiable)
+}
+
+// hasKid reports whether the JWKS in force holds kid.
+func (a *Authenticator) hasKid(kid string) bool {
+	st := a.jwks.Load()
+	if st == nil {
+		return false
+	}
+	_, ok := st.keys[kid]
+	return ok
+}
+
+// parse verifies token against the keys in force; its error is jwt's.
+func (a *Authenticator) parse(token string) (*Claims, error) {
 	opts := []jwt.ParserOption{
 		jwt.WithValidMethods(a.methods()), jwt.WithExpirationRequired(), jwt.WithIssuedAt(), jwt.WithLeeway(a.leeway),
 	}
@@ -222,28 +316,32 @@ func (a *Authenticator) Verify(token string) (*Claims, error) {
 		opts = append(opts, jwt.WithIssuer(a.issuer))
 	}
 	var c Claims
-	_, err := jwt.ParseWithClaims(token, &c, a.key, opts...)
-	if err != nil {
-		var ke *keyError
-		switch {
-		case errors.As(err, &ke):
-			return nil, ke
-		case errors.Is(err, jwt.ErrTokenExpired):
-			return nil, errors.New("token expired")
-		case errors.Is(err, jwt.ErrTokenNotValidYet), errors.Is(err, jwt.ErrTokenUsedBeforeIssued):
-			return nil, errors.New("token not valid yet (nbf or iat in the future)")
-		case errors.Is(err, jwt.ErrTokenInvalidAudience):
-			return nil, errors.New("token audience not accepted")
-		case errors.Is(err, jwt.ErrTokenInvalidIssuer):
-			return nil, errors.New("token issuer not accepted")
-		case errors.Is(err, jwt.ErrTokenSignatureInvalid):
-			return nil, errors.New("token signature invalid")
-		case errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
-			return nil, errors.New("token lacks exp")
-		}
-		return nil, errors.New("token invalid")
+	if _, err := jwt.ParseWithClaims(token, &c, a.key, opts...); err != nil {
+		return nil, err
 	}
 	return &c, nil
+}
+
+// clientError turns a parse error into one fit for the client.
+func clientError(err error) error {
+	var ke *keyError
+	switch {
+	case errors.As(err, &ke):
+		return ke
+	case errors.Is(err, jwt.ErrTokenExpired):
+		return errors.New("token expired")
+	case errors.Is(err, jwt.ErrTokenNotValidYet), errors.Is(err, jwt.ErrTokenUsedBeforeIssued):
+		return errors.New("token not valid yet (nbf or iat in the future)")
+	case errors.Is(err, jwt.ErrTokenInvalidAudience):
+		return errors.New("token audience not accepted")
+	case errors.Is(err, jwt.ErrTokenInvalidIssuer):
+		return errors.New("token issuer not accepted")
+	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
+		return errors.New("token signature invalid")
+	case errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
+		return errors.New("token lacks exp")
+	}
+	return errors.New("token invalid")
 }
 
 // keyError is a token whose key cannot be chosen; its text is fit for the
