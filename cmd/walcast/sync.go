@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel/metric"
 
 	syncnode "github.com/walcast/walcast/fanout/sync"
 	"github.com/walcast/walcast/internal/telemetry"
@@ -32,6 +33,8 @@ type syncFlags struct {
 	jwtSecret       string
 	jwtPublicKey    string
 	jwksFile        string
+	jwksURL         string
+	jwksRefresh     time.Duration
 	jwtAudience     string
 	jwtIssuer       string
 	jwtLeeway       time.Duration
@@ -79,6 +82,8 @@ Exit status: 0 after a clean stop (SIGINT/SIGTERM), 1 when the node fails,
 	f.StringVar(&sf.jwtSecret, "jwt-secret", "", "HS256 secret client tokens are signed with (prefer the environment variable)")
 	f.StringVar(&sf.jwtPublicKey, "jwt-public-key-file", "", "PEM public key (RSA or ECDSA) that verifies RS256/ES256 client tokens")
 	f.StringVar(&sf.jwksFile, "jwks-file", "", "JSON Web Key Set of RSA/EC public keys chosen by the token's kid (re-read when the file changes; combines with --jwt-secret or --jwt-public-key-file)")
+	f.StringVar(&sf.jwksURL, "jwks-url", "", "URL of the issuer's JSON Web Key Set (https://, or http:// to loopback), fetched at start, every --jwks-refresh and for an unknown kid (at most every 30s); instead of --jwks-file")
+	f.DurationVar(&sf.jwksRefresh, "jwks-refresh", syncnode.DefaultJWKSRefresh, "how often --jwks-url is fetched again (at least 30s; Cache-Control is not consulted)")
 	f.StringVar(&sf.jwtAudience, "jwt-audience", "", "when set, a client token's aud must include this value")
 	f.StringVar(&sf.jwtIssuer, "jwt-issuer", "", "when set, a client token's iss must equal this value")
 	f.DurationVar(&sf.jwtLeeway, "jwt-leeway", syncnode.DefaultJWTLeeway, "clock skew allowed on a token's exp, nbf and iat; a socket is closed (4100) this long after exp unless refreshed")
@@ -111,9 +116,12 @@ Exit status: 0 after a clean stop (SIGINT/SIGTERM), 1 when the node fails,
 }
 
 // syncAuth builds the authenticator from the JWT flags: at most one of
-// --jwt-secret and --jwt-public-key-file, and/or --jwks-file.
-func syncAuth(sf *syncFlags, log *slog.Logger) (*syncnode.Authenticator, error) {
-	cfg := syncnode.AuthConfig{JWKSFile: sf.jwksFile, Audience: sf.jwtAudience, Issuer: sf.jwtIssuer, Leeway: sf.jwtLeeway, Logger: log}
+// --jwt-secret and --jwt-public-key-file, and/or one of --jwks-file and
+// --jwks-url. With --jwks-url it fetches the key set within ctx, and its
+// refresher runs until ctx ends or the caller closes it.
+func syncAuth(ctx context.Context, sf *syncFlags, log *slog.Logger, meter metric.Meter) (*syncnode.Authenticator, error) {
+	cfg := syncnode.AuthConfig{JWKSFile: sf.jwksFile, JWKSURL: sf.jwksURL, JWKSRefresh: sf.jwksRefresh,
+		Audience: sf.jwtAudience, Issuer: sf.jwtIssuer, Leeway: sf.jwtLeeway, Logger: log, Meter: meter}
 	if sf.jwtLeeway == 0 {
 		cfg.Leeway = -1 // --jwt-leeway 0: none
 	}
@@ -128,13 +136,19 @@ func syncAuth(sf *syncFlags, log *slog.Logger) (*syncnode.Authenticator, error) 
 			return nil, usageErrorf("sync: --jwt-public-key-file: %v", err)
 		}
 		cfg.PublicKeyPEM = pem
-	case sf.jwksFile == "":
-		return nil, usageErrorf("sync: --jwt-secret or --jwt-public-key-file is required, or --jwks-file (or set WALCAST_JWT_SECRET)")
+	case sf.jwksFile == "" && sf.jwksURL == "":
+		return nil, usageErrorf("sync: --jwt-secret or --jwt-public-key-file is required, or --jwks-file or --jwks-url (or set WALCAST_JWT_SECRET)")
 	}
-	if sf.jwtLeeway < 0 {
+	switch {
+	case sf.jwtLeeway < 0:
 		return nil, usageErrorf("sync: --jwt-leeway must not be negative")
+	case sf.jwksFile != "" && sf.jwksURL != "":
+		return nil, usageErrorf("sync: give --jwks-file or --jwks-url, not both")
+	case sf.jwksURL != "" && sf.jwksRefresh < syncnode.JWKSRefetchMinInterval:
+		return nil, usageErrorf("sync: --jwks-refresh %v is too short: at least %v, so the node does not hammer the issuer (default %v)",
+			sf.jwksRefresh, syncnode.JWKSRefetchMinInterval, syncnode.DefaultJWKSRefresh)
 	}
-	a, err := syncnode.NewAuthenticator(cfg)
+	a, err := syncnode.OpenAuthenticator(ctx, cfg)
 	if err != nil {
 		return nil, withCode(exitUsage, err)
 	}
@@ -152,10 +166,19 @@ func runSync(ctx context.Context, log *slog.Logger, sf *syncFlags) error {
 	case (sf.tlsCert == "") != (sf.tlsKey == ""):
 		return usageErrorf("sync: --tls-cert-file and --tls-key-file go together")
 	}
-	auth, err := syncAuth(sf, log)
+	metrics, err := telemetry.NewMetrics(telemetry.WithService(telemetry.ServiceName, version))
+	if err != nil {
+		return withCode(exitFailed, err)
+	}
+	defer metrics.Shutdown(context.WithoutCancel(ctx))
+	meter := metrics.Meter("walcast/sync")
+	auth, err := syncAuth(ctx, sf, log, meter)
 	if err != nil {
 		return err
 	}
+	// Deferred before node.Close, so it runs after: the node verifies no
+	// token once closed, and the keys stay in force until then anyway.
+	defer auth.Close()
 	var tlsCfg *tls.Config
 	if sf.tlsCert != "" {
 		cert, err := tls.LoadX509KeyPair(sf.tlsCert, sf.tlsKey)
@@ -174,11 +197,6 @@ func runSync(ctx context.Context, log *slog.Logger, sf *syncFlags) error {
 		return startupError(err)
 	}
 	defer j.Close()
-	metrics, err := telemetry.NewMetrics(telemetry.WithService(telemetry.ServiceName, version))
-	if err != nil {
-		return withCode(exitFailed, err)
-	}
-	defer metrics.Shutdown(context.WithoutCancel(ctx))
 
 	cfg := sf.cfg
 	cfg.NATS = sf.nf.cfg
@@ -195,7 +213,7 @@ func runSync(ctx context.Context, log *slog.Logger, sf *syncFlags) error {
 		}
 		cfg.TrustedProxies = append(cfg.TrustedProxies, pfx.Masked())
 	}
-	cfg.Meter = metrics.Meter("walcast/sync")
+	cfg.Meter = meter
 	node, err := syncnode.Open(ctx, cfg)
 	if err != nil {
 		return withCode(exitUsage, err)
