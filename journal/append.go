@@ -168,6 +168,11 @@ type Resync struct {
 	// otherwise the watermark is kept.
 	Watermark      decoder.LSN
 	ResetWatermark bool
+	// NewEpoch starts a new epoch with this entry even when the watermark
+	// is kept (ResetWatermark always does): for a history that may differ
+	// from what readers saw though the source did not move (a journal
+	// restored from a backup). Readers of another epoch get a resync.
+	NewEpoch bool
 	// Source, when non-nil, is recorded in the same transaction.
 	Source *Source
 	// Time is the envelope's commitTime; zero means now.
@@ -202,5 +207,15 @@ func (j *Journal) AppendResync(ctx context.Context, gen int64, r Resync) (Append
 	body.Write(reason)
 	body.WriteString(`}`)
 	tx := decoder.NewTransaction(0, wm, wm, r.Time, []decoder.Change{{LSN: wm, Op: decoder.OpResync, Body: body.Bytes()}})
-	return j.append(withAppendMode(ctx), "journal.AppendResync", gen, []*decoder.Transaction{tx}, appendOpts{force: true, resetWatermark: r.ResetWatermark, source: r.Source})
+	o := appendOpts{force: true, resetWatermark: r.ResetWatermark, source: r.Source}
+	if r.ResetWatermark || r.NewEpoch {
+		// The history after this entry may differ from what readers saw:
+		// a new epoch starts with it.
+		e, err := newEpoch()
+		if err != nil {
+			return AppendResult{}, opErr("journal.AppendResync", err, "")
+		}
+		o.epoch, o.epochReason = e, r.Reason
+	}
+	return j.append(withAppendMode(ctx), "journal.AppendResync", gen, []*decoder.Transaction{tx}, o)
 }

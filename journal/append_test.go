@@ -132,7 +132,7 @@ func TestAppendAssignsContiguousSequences(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := mustAppend(t, j2, gen2, mkTx(9999, lsn+100, testEpoch, ins("public.t0", 1), ins("public.new", 1)))
-	got, _ := readAll(t, j2, Query{AllTenants: true, Cursor: j2.cursorAt(res.FirstSeq-1, newScope(Query{AllTenants: true}).hash())})
+	got, _ := readAll(t, j2, Query{AllTenants: true, Cursor: j2.cursorAt(0, res.FirstSeq-1, newScope(Query{AllTenants: true}).hash())})
 	if len(got) != 2 || got[0].EntitySeq != wantEntity["public.t0"]+1 || got[1].EntitySeq != 1 {
 		t.Fatalf("after takeover: %+v", got)
 	}
@@ -143,7 +143,7 @@ func TestAppendAssignsContiguousSequences(t *testing.T) {
 		t.Fatal(err)
 	}
 	res = mustAppend(t, j, gen3, mkTx(10000, lsn+200, testEpoch, ins("public.new", 2)))
-	got, _ = readAll(t, j, Query{AllTenants: true, Cursor: j.cursorAt(res.FirstSeq-1, newScope(Query{AllTenants: true}).hash())})
+	got, _ = readAll(t, j, Query{AllTenants: true, Cursor: j.cursorAt(0, res.FirstSeq-1, newScope(Query{AllTenants: true}).hash())})
 	if len(got) != 1 || got[0].EntitySeq != 2 {
 		t.Fatalf("stale entity cache: %+v", got)
 	}

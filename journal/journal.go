@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -193,17 +194,55 @@ func (j *Journal) close(abort bool) {
 	j.pool.close(abort)
 }
 
-// ID is the journal id: random, created with the schema, and the epoch of
-// every cursor the journal issues.
+// ID is the journal id: random, created with the schema, and part of every
+// cursor and message id the journal issues.
 func (j *Journal) ID() [16]byte { return j.id }
+
+// Epochs (DESIGN §5). A journal's history is what its entries say, seq by
+// seq; readers remember positions in it (cursors, sync nodes' positions,
+// JetStream's dedup window). When the journal's history may differ from
+// what readers saw — it was restored from a backup, its database failed
+// over and lost a tail, or the source's slot was lost and recreated — seqs
+// that readers already saw are assigned again to other changes. Every such
+// reset is journaled as a resync entry that starts a new epoch: a random
+// non-zero value (never the successor of the old one, which a restored
+// journal could assign a second time). A journal's first epoch is 0.
+// Cursors carry the epoch they were issued in and any other epoch gets a
+// resync; NATS message ids carry the epoch of their entry, so the same seq
+// in two epochs is two messages.
+
+// EpochHex formats an epoch as 16 lower-case hex digits, as in NATS message
+// ids and the Walcast-Epoch header.
+func EpochHex(e int64) string {
+	const digits = "0123456789abcdef"
+	var b [16]byte
+	for i := 15; i >= 0; i-- {
+		b[i] = digits[e&0xf]
+		e >>= 4
+	}
+	return string(b[:])
+}
+
+// newEpoch returns a random epoch: positive, non-zero.
+func newEpoch() (int64, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, err
+	}
+	e := int64(binary.BigEndian.Uint64(b[:]) >> 1)
+	if e == 0 {
+		e = 1
+	}
+	return e, nil
+}
 
 // Schema is the schema the journal lives in.
 func (j *Journal) Schema() string { return j.schema }
 
 // statements holds the SQL with the schema's quoted name spliced in.
 type statements struct {
-	meta, retention, entitySeqs, entries, published, migrations string
-	entriesIdent                                                pgx.Identifier
+	meta, retention, entitySeqs, entries, published, migrations, epochs string
+	entriesIdent                                                        pgx.Identifier
 }
 
 func newStatements(schema string) statements {
@@ -215,6 +254,7 @@ func newStatements(schema string) statements {
 		entries:      q("entries"),
 		published:    q("published"),
 		migrations:   q("migrations"),
+		epochs:       q("epochs"),
 		entriesIdent: pgx.Identifier{schema, "entries"},
 	}
 }
@@ -274,6 +314,18 @@ CREATE TABLE %[1]s.entries (
 ALTER TABLE %[1]s.entries REPLICA IDENTITY FULL;
 CREATE INDEX entries_key_hash ON %[1]s.entries (key_hash, seq) WHERE key_hash IS NOT NULL;
 COMMENT ON COLUMN %[1]s.entries.key_hash IS 'set only for entities that carry tenants: finds the newest change of a key to route a key-only delete';
+`,
+	2: `
+ALTER TABLE %[1]s.meta ADD COLUMN epoch bigint NOT NULL DEFAULT 0;
+COMMENT ON COLUMN %[1]s.meta.epoch IS 'the current epoch: changes (to a random value) whenever the history readers saw may differ from the journal''s, so cursors and message ids of another epoch resync';
+CREATE TABLE %[1]s.epochs (
+	epoch      bigint      PRIMARY KEY,
+	first_seq  bigint      NOT NULL,
+	started_at timestamptz NOT NULL DEFAULT now(),
+	reason     text        NOT NULL DEFAULT ''
+);
+COMMENT ON TABLE %[1]s.epochs IS 'walcast journal: every epoch, from its first seq (the entries from first_seq up to the next epoch''s first_seq belong to it)';
+INSERT INTO %[1]s.epochs (epoch, first_seq, reason) VALUES (0, 1, 'journal created');
 `,
 }
 
@@ -367,6 +419,8 @@ type State struct {
 	JournalID  [16]byte
 	Source     Source
 	Generation int64
+	Epoch      int64       // current epoch (Epoch)
+	EpochSeq   int64       // first seq of the current epoch
 	Watermark  decoder.LSN // last journaled commit end LSN
 	Horizon    int64       // newest assigned seq; 0 when empty
 	Floor      int64       // oldest retained seq (Horizon+1 when nothing was ever appended)
@@ -380,10 +434,11 @@ type State struct {
 func (j *Journal) State(ctx context.Context) (State, error) {
 	var s State
 	var wm int64
-	err := j.queryRow(ctx, `SELECT m.journal_id, m.system_id, m.timeline, m.slot, m.generation, m.watermark,
+	err := j.queryRow(ctx, `SELECT m.journal_id, m.system_id, m.timeline, m.slot, m.generation, m.epoch,
+		coalesce((SELECT first_seq FROM `+j.sql.epochs+` WHERE epoch = m.epoch), 1), m.watermark,
 		m.next_seq - 1, r.floor, m.resync_seq, p.seq, m.next_seq - r.floor, m.appended_bytes - r.pruned_bytes
 		FROM `+j.sql.meta+` m, `+j.sql.retention+` r, `+j.sql.published+` p`, nil,
-		&s.JournalID, &s.Source.SystemID, &s.Source.Timeline, &s.Source.Slot, &s.Generation, &wm,
+		&s.JournalID, &s.Source.SystemID, &s.Source.Timeline, &s.Source.Slot, &s.Generation, &s.Epoch, &s.EpochSeq, &wm,
 		&s.Horizon, &s.Floor, &s.ResyncSeq, &s.Published, &s.Rows, &s.Bytes)
 	if err != nil {
 		return State{}, opErr("journal.State", err, "")

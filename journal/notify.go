@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,16 +18,24 @@ import (
 // shared by all waiters of this Journal, opened by the first Wait and closed
 // by Close. While that connection is down Wait keeps waiting; it reconnects
 // with backoff and re-reads the horizon, so no append is missed.
+//
+// When the journal's epoch changes (a reset or restore: seqs start again
+// below what readers saw) Wait returns the new epoch's horizon even if it
+// is not above after: the caller's position belongs to the old history and
+// must be looked at again.
 func (j *Journal) Wait(ctx context.Context, after int64) (int64, error) {
 	l, err := j.startListener()
 	if err != nil {
 		return 0, opErr("journal.Wait", err, "")
 	}
+	l.mu.Lock()
+	resets := l.resets
+	l.mu.Unlock()
 	for {
 		l.mu.Lock()
-		h, ready, changed := l.horizon, l.ready, l.changed
+		h, ready, changed, reset := l.horizon, l.ready, l.changed, l.resets != resets
 		l.mu.Unlock()
-		if ready && h > after {
+		if ready && (h > after || reset) {
 			return h, nil
 		}
 		select {
@@ -63,6 +72,8 @@ type listener struct {
 
 	mu      sync.Mutex    // guards the following fields
 	horizon int64         // newest seq known
+	epoch   int64         // the journal's epoch at horizon
+	resets  int           // epoch changes seen
 	ready   bool          // horizon has been read at least once
 	changed chan struct{} // closed (and replaced) when horizon or ready changes
 }
@@ -72,14 +83,23 @@ func (l *listener) stop() {
 	<-l.done
 }
 
-func (l *listener) publish(h int64) {
+// publish records horizon h of epoch e (hasEpoch false: a notification of
+// an older walcast, which does not say). A new epoch replaces the horizon
+// even when it is lower.
+func (l *listener) publish(h, e int64, hasEpoch bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.ready && h <= l.horizon {
+	switch {
+	case hasEpoch && l.ready && e != l.epoch:
+		l.epoch, l.horizon = e, h
+		l.resets++
+	case hasEpoch && !l.ready:
+		l.epoch = e
+		l.horizon = max(l.horizon, h)
+	case l.ready && h <= l.horizon:
 		return
-	}
-	if h > l.horizon {
-		l.horizon = h
+	default:
+		l.horizon = max(l.horizon, h)
 	}
 	l.ready = true
 	close(l.changed)
@@ -124,21 +144,37 @@ func (l *listener) session(ctx context.Context) error {
 		return err
 	}
 	// Read the horizon after LISTEN so that no append falls between.
-	var h int64
-	if err := conn.QueryRow(cctx, "SELECT next_seq - 1 FROM "+l.j.sql.meta).Scan(&h); err != nil {
+	var h, e int64
+	if err := conn.QueryRow(cctx, "SELECT next_seq - 1, epoch FROM "+l.j.sql.meta).Scan(&h, &e); err != nil {
 		return err
 	}
 	cancel()
-	l.publish(h)
+	l.publish(h, e, true)
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			return err
 		}
-		h, err := strconv.ParseInt(n.Payload, 10, 64)
-		if err != nil {
+		h, e, hasEpoch, ok := parseNotification(n.Payload)
+		if !ok {
 			return errors.New("journal: unexpected notification payload " + strconv.Quote(n.Payload))
 		}
-		l.publish(h)
+		l.publish(h, e, hasEpoch)
 	}
+}
+
+// parseNotification reads an append's notification: "<horizon> <epoch>", or
+// "<horizon>" from a walcast older than epochs.
+func parseNotification(p string) (h, e int64, hasEpoch, ok bool) {
+	hs, es, hasEpoch := strings.Cut(p, " ")
+	h, err := strconv.ParseInt(hs, 10, 64)
+	if err != nil {
+		return 0, 0, false, false
+	}
+	if hasEpoch {
+		if e, err = strconv.ParseInt(es, 10, 64); err != nil {
+			return 0, 0, false, false
+		}
+	}
+	return h, e, hasEpoch, true
 }

@@ -3,10 +3,12 @@ package journal
 import (
 	"context"
 	"encoding/hex"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // IDHex is the journal id as 32 lower-case hex digits, as used in NATS
-// message ids (<journal id>:<seq>).
+// message ids (<journal id>:<epoch>:<seq>).
 func (j *Journal) IDHex() string { return hex.EncodeToString(j.id[:]) }
 
 // Log is a raw read of the journal for its own consumers (the NATS publisher,
@@ -18,6 +20,12 @@ type Log struct {
 	Entries []Entry
 	Floor   int64 // oldest retained seq
 	Horizon int64 // newest assigned seq
+	Epoch   int64 // the journal's current epoch
+	// EpochSeq is the first seq of the current epoch: a reader whose
+	// position is at or past it but who last read in another epoch holds
+	// a position of a history the journal no longer has, and reads again
+	// from EpochSeq-1.
+	EpochSeq int64
 }
 
 // ReadAfter returns up to limit entries with seq > after (limit defaults to
@@ -52,9 +60,11 @@ func (j *Journal) ReadAfterBytes(ctx context.Context, after int64, limit, maxByt
 	var out Log
 	// One statement, one snapshot: the bounds and the entries agree even
 	// while retention prunes.
-	rows, err := conn.Query(ctx, `SELECT b.horizon, b.floor, e.seq, e.entity, e.entity_seq, e.tenant, e.tenant_unknown,
+	rows, err := conn.Query(ctx, `SELECT b.horizon, b.floor, b.epoch, b.epoch_seq, e.seq, e.entity, e.entity_seq, e.tenant, e.tenant_unknown,
 			e.op, e.lsn, e.commit_lsn, e.commit_time, e.envelope
-		FROM (SELECT m.next_seq - 1 AS horizon, r.floor FROM `+j.sql.meta+` m, `+j.sql.retention+` r LIMIT 1) b
+		FROM (SELECT m.next_seq - 1 AS horizon, r.floor, m.epoch,
+				coalesce((SELECT first_seq FROM `+j.sql.epochs+` WHERE epoch = m.epoch), 1) AS epoch_seq
+			FROM `+j.sql.meta+` m, `+j.sql.retention+` r LIMIT 1) b
 		LEFT JOIN LATERAL (
 			SELECT * FROM (
 				SELECT e.*, sum(e.size) OVER (ORDER BY e.seq) - e.size AS before_bytes
@@ -68,15 +78,53 @@ func (j *Journal) ReadAfterBytes(ctx context.Context, after int64, limit, maxByt
 	defer rows.Close()
 	for rows.Next() {
 		var c entryCols
-		if err := rows.Scan(append([]any{&out.Horizon, &out.Floor}, c.dest()...)...); err != nil {
+		if err := rows.Scan(append([]any{&out.Horizon, &out.Floor, &out.Epoch, &out.EpochSeq}, c.dest()...)...); err != nil {
 			return Log{}, opErr(op, err, "")
 		}
 		if e, ok := c.entry(); ok {
+			e.Epoch = out.Epoch
 			out.Entries = append(out.Entries, e)
 		}
 	}
 	if err := rows.Err(); err != nil {
 		return Log{}, opErr(op, err, "")
 	}
+	rows.Close()
+	if len(out.Entries) > 0 && out.Entries[0].Seq < out.EpochSeq {
+		// Entries from before the current epoch began (a publisher
+		// catching up across a reset): each keeps the epoch it was
+		// journaled in, so its message id is the one it always had.
+		if err := j.assignEpochs(ctx, conn, out.Entries, out.EpochSeq); err != nil {
+			return Log{}, opErr(op, err, "")
+		}
+	}
 	return out, nil
+}
+
+// assignEpochs sets the Epoch of the entries below epochSeq (the current
+// epoch's first seq) from the epochs table.
+func (j *Journal) assignEpochs(ctx context.Context, q querier, entries []Entry, epochSeq int64) error {
+	rows, err := q.Query(ctx, "SELECT epoch, first_seq FROM "+j.sql.epochs+" WHERE first_seq < $1 ORDER BY first_seq", epochSeq)
+	if err != nil {
+		return err
+	}
+	type span struct{ epoch, first int64 }
+	var spans []span
+	var sp span
+	if _, err := pgx.ForEachRow(rows, []any{&sp.epoch, &sp.first}, func() error { spans = append(spans, sp); return nil }); err != nil {
+		return err
+	}
+	for i := range entries {
+		e := &entries[i]
+		if e.Seq >= epochSeq {
+			break
+		}
+		e.Epoch = 0
+		for _, s := range spans {
+			if s.first <= e.Seq {
+				e.Epoch = s.epoch
+			}
+		}
+	}
+	return nil
 }

@@ -80,6 +80,9 @@ type Entry struct {
 	// Envelope is the complete envelope JSON (DESIGN §3), byte for byte as
 	// stored and published. The caller owns it.
 	Envelope []byte
+	// Epoch is the epoch the entry was journaled in; set by ReadAfter (the
+	// publisher's read, for message ids) and zero elsewhere.
+	Epoch int64
 }
 
 // ResyncReason says why a read requires a resync.
@@ -92,6 +95,7 @@ const (
 	ResyncForeignJournal ResyncReason = "foreign-journal" // cursor from another journal (id mismatch)
 	ResyncEntry          ResyncReason = "resync-entry"    // cursor from before a resync entry
 	ResyncSecretRotated  ResyncReason = "secret-rotated"  // cursor signed with a previous secret
+	ResyncEpoch          ResyncReason = "epoch"           // cursor from another epoch of this journal (a restore or reset since)
 )
 
 // Result is the answer to a read.
@@ -115,6 +119,9 @@ type Result struct {
 	ResyncCursor   string
 	// Horizon is the newest seq in the journal at the time of the read.
 	Horizon int64
+	// Epoch is the journal's epoch at the time of the read: that of Cursor
+	// and ResyncCursor.
+	Epoch int64
 }
 
 // Changes reads the journal as DESIGN §5 describes.
@@ -122,7 +129,8 @@ type Result struct {
 // Resync detection runs on the unfiltered log, in the same snapshot as the
 // read: a cursor at position p needs a resync when p is below floor-1, above
 // the horizon, or below the newest resync entry; or when the cursor was
-// issued by another journal or signed with a previous secret. Entity and
+// issued by another journal, in another epoch of this one, or signed with a
+// previous secret. Entity and
 // tenant filters play no part in it. A malformed or forged cursor fails with
 // ErrCursorTampered, one presented with a different scope with
 // ErrCursorScope; neither is ever served.
@@ -145,6 +153,7 @@ func (j *Journal) Changes(ctx context.Context, q Query) (Result, error) {
 
 	var start *int64 // nil: start now or at the oldest
 	var reason ResyncReason
+	epoch := int64(-1) // the cursor's; -1 without one
 	if q.Cursor != "" {
 		c, idx, ok := decodeCursor(q.Cursor, j.secrets)
 		if !ok {
@@ -162,17 +171,22 @@ func (j *Journal) Changes(ctx context.Context, q Query) (Result, error) {
 		default:
 			p := c.position
 			start = &p
+			epoch = c.epoch
 		}
 	}
 
-	rows, err := j.readEntries(ctx, sc, start, q.FromOldest && q.Cursor == "", limit, byteBound(q.MaxBytes))
+	rows, err := j.readEntries(ctx, sc, start, epoch, q.FromOldest && q.Cursor == "", limit, byteBound(q.MaxBytes))
 	if err != nil {
 		return Result{}, opErr(op, err, "")
 	}
-	res := Result{Horizon: rows.horizon}
+	res := Result{Horizon: rows.horizon, Epoch: rows.epoch}
 	if reason == "" && start != nil {
 		p := *start
 		switch {
+		case epoch != rows.epoch:
+			// Checked first: a position of another epoch says nothing
+			// about this history (readEntries read no entry for it).
+			reason = ResyncEpoch
 		case p > rows.horizon:
 			reason = ResyncAhead
 		case p < rows.floor-1:
@@ -185,7 +199,7 @@ func (j *Journal) Changes(ctx context.Context, q Query) (Result, error) {
 		res.ResyncRequired = true
 		res.Reason = reason
 		res.Cursor = q.Cursor
-		res.ResyncCursor = j.cursorAt(rows.horizon, sh)
+		res.ResyncCursor = j.cursorAt(rows.epoch, rows.horizon, sh)
 		return res, nil
 	}
 	res.Changes = rows.entries
@@ -196,7 +210,7 @@ func (j *Journal) Changes(ctx context.Context, q Query) (Result, error) {
 	if len(rows.entries) == limit || rows.cut {
 		pos = rows.entries[len(rows.entries)-1].Seq
 	}
-	res.Cursor = j.cursorAt(pos, sh)
+	res.Cursor = j.cursorAt(rows.epoch, pos, sh)
 	res.More = pos < rows.horizon
 	return res, nil
 }
@@ -213,12 +227,13 @@ func (j *Journal) HorizonCursor(ctx context.Context, q Query) (string, error) {
 	return res.Cursor, nil
 }
 
-func (j *Journal) cursorAt(pos int64, scopeHash [16]byte) string {
-	return encodeCursor(cursor{journal: j.id, position: pos, scope: scopeHash}, j.secrets[0])
+func (j *Journal) cursorAt(epoch, pos int64, scopeHash [16]byte) string {
+	return encodeCursor(cursor{journal: j.id, epoch: epoch, position: pos, scope: scopeHash}, j.secrets[0])
 }
 
 type readRows struct {
 	horizon, floor, resyncSeq int64
+	epoch                     int64
 	start                     int64 // position the read started after
 	window                    int64 // entries (start, start+window] were scanned
 	entries                   []Entry
@@ -236,9 +251,9 @@ func scanWindow(limit int) int64 { return int64(limit) + 20000 }
 // the start position in one statement, hence one snapshot. With start nil it
 // starts at the horizon, or with fromOldest at max(floor-1, resyncSeq). No
 // entry is read when the start position needs a resync.
-func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, fromOldest bool, limit, maxBytes int) (readRows, error) {
+func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, epoch int64, fromOldest bool, limit, maxBytes int) (readRows, error) {
 	var filter strings.Builder
-	args := []any{start, fromOldest, limit, scanWindow(limit), maxBytes}
+	args := []any{start, fromOldest, limit, scanWindow(limit), maxBytes, epoch}
 
 	if len(sc.entities) > 0 {
 		args = append(args, sc.entities)
@@ -261,9 +276,9 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, fromO
 	// preceding matches sum to less than maxBytes ($5), plus one more (the
 	// first whose predecessors reach it: before_bytes >= $5) that only tells
 	// the caller the read was cut; its row is dropped.
-	sql := `SELECT b.horizon, b.floor, b.resync_seq, b.start,
+	sql := `SELECT b.horizon, b.floor, b.resync_seq, b.epoch, b.start,
 		e.seq, e.entity, e.entity_seq, e.tenant, e.tenant_unknown, e.op, e.lsn, e.commit_lsn, e.commit_time, e.envelope, e.before_bytes
-	FROM (SELECT m.next_seq - 1 AS horizon, r.floor, m.resync_seq,
+	FROM (SELECT m.next_seq - 1 AS horizon, r.floor, m.resync_seq, m.epoch,
 			coalesce($1::bigint, CASE WHEN $2::boolean THEN greatest(r.floor - 1, m.resync_seq) ELSE m.next_seq - 1 END) AS start
 		FROM ` + j.sql.meta + ` m, ` + j.sql.retention + ` r LIMIT 1) b
 	LEFT JOIN LATERAL (
@@ -273,6 +288,7 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, fromO
 			FROM (
 				SELECT * FROM ` + j.sql.entries + ` e
 				WHERE e.seq > b.start AND b.start >= b.floor - 1 AND b.start >= b.resync_seq AND b.start <= b.horizon
+					AND ($1::bigint IS NULL OR $6::bigint = b.epoch)
 				ORDER BY e.seq LIMIT $4
 			) e
 			WHERE true` + filter.String() + `
@@ -297,7 +313,7 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, fromO
 	for rows.Next() {
 		var c entryCols
 		var before *int64
-		if err := rows.Scan(append(append([]any{&out.horizon, &out.floor, &out.resyncSeq, &out.start}, c.dest()...), &before)...); err != nil {
+		if err := rows.Scan(append(append([]any{&out.horizon, &out.floor, &out.resyncSeq, &out.epoch, &out.start}, c.dest()...), &before)...); err != nil {
 			return readRows{}, err
 		}
 		e, ok := c.entry()

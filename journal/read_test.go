@@ -83,7 +83,7 @@ func TestResync(t *testing.T) {
 	all := Query{AllTenants: true}
 	sh := newScope(all).hash()
 	appendN(t, j, gen, &lsn, "public.a", 10)
-	at3 := j.cursorAt(3, sh)
+	at3 := j.cursorAt(0, 3, sh)
 
 	check := func(t *testing.T, j *Journal, q Query, reason ResyncReason, horizon int64) {
 		t.Helper()
@@ -105,8 +105,8 @@ func TestResync(t *testing.T) {
 	}
 
 	t.Run("ahead of horizon", func(t *testing.T) {
-		check(t, j, Query{AllTenants: true, Cursor: j.cursorAt(11, sh)}, ResyncAhead, 10)
-		if res := mustRead(t, j, Query{AllTenants: true, Cursor: j.cursorAt(10, sh)}); res.ResyncRequired {
+		check(t, j, Query{AllTenants: true, Cursor: j.cursorAt(0, 11, sh)}, ResyncAhead, 10)
+		if res := mustRead(t, j, Query{AllTenants: true, Cursor: j.cursorAt(0, 10, sh)}); res.ResyncRequired {
 			t.Fatal("cursor at horizon resynced")
 		}
 	})
@@ -115,14 +115,14 @@ func TestResync(t *testing.T) {
 			t.Fatal(err)
 		}
 		check(t, j, Query{AllTenants: true, Cursor: at3}, ResyncPruned, 10)
-		res := mustRead(t, j, Query{AllTenants: true, Cursor: j.cursorAt(4, sh)}) // floor-1: nothing lost
+		res := mustRead(t, j, Query{AllTenants: true, Cursor: j.cursorAt(0, 4, sh)}) // floor-1: nothing lost
 		if res.ResyncRequired || len(res.Changes) != 6 || res.Changes[0].Seq != 5 {
 			t.Fatalf("cursor at floor-1: %+v", res)
 		}
 	})
 	t.Run("foreign journal", func(t *testing.T) {
 		other := openAt(t, url, func(c *Config) { c.Schema = "other" })
-		foreign := other.cursorAt(3, sh)
+		foreign := other.cursorAt(0, 3, sh)
 		check(t, j, Query{AllTenants: true, Cursor: foreign}, ResyncForeignJournal, 10)
 		strict := openAt(t, url, func(c *Config) { c.RejectForeignJournal = true })
 		_, err := strict.Changes(ctx, Query{AllTenants: true, Cursor: foreign})
@@ -135,22 +135,22 @@ func TestResync(t *testing.T) {
 			c.CursorSecret = []byte("the-new-secret-0123456789")
 			c.PreviousCursorSecrets = [][]byte{testSecret}
 		})
-		check(t, rotated, Query{AllTenants: true, Cursor: j.cursorAt(8, sh)}, ResyncSecretRotated, 10)
+		check(t, rotated, Query{AllTenants: true, Cursor: j.cursorAt(0, 8, sh)}, ResyncSecretRotated, 10)
 		forgotten := openAt(t, url, func(c *Config) { c.CursorSecret = []byte("the-new-secret-0123456789") })
-		if _, err := forgotten.Changes(ctx, Query{AllTenants: true, Cursor: j.cursorAt(8, sh)}); !errors.Is(err, ErrCursorTampered) {
+		if _, err := forgotten.Changes(ctx, Query{AllTenants: true, Cursor: j.cursorAt(0, 8, sh)}); !errors.Is(err, ErrCursorTampered) {
 			t.Fatalf("unknown secret: %v, want ErrCursorTampered", err)
 		}
 	})
 	t.Run("after a resync entry", func(t *testing.T) {
-		before := j.cursorAt(9, sh)
+		before := j.cursorAt(0, 9, sh)
 		res, err := j.AppendResync(ctx, gen, Resync{Reason: "slot lost"})
 		if err != nil || res.FirstSeq != 11 {
 			t.Fatalf("%+v %v", res, err)
 		}
 		appendN(t, j, gen, &lsn, "public.a", 2) // 12, 13
 		check(t, j, Query{AllTenants: true, Cursor: before}, ResyncEntry, 13)
-		check(t, j, Query{AllTenants: true, Cursor: j.cursorAt(10, sh)}, ResyncEntry, 13)
-		after := mustRead(t, j, Query{AllTenants: true, Cursor: j.cursorAt(11, sh)})
+		check(t, j, Query{AllTenants: true, Cursor: j.cursorAt(0, 10, sh)}, ResyncEntry, 13)
+		after := mustRead(t, j, Query{AllTenants: true, Cursor: j.cursorAt(0, 11, sh)})
 		if after.ResyncRequired || fmt.Sprint(seqs(after.Changes)) != "[12 13]" {
 			t.Fatalf("after the resync entry: %+v", after)
 		}
@@ -216,7 +216,7 @@ func TestFiltersNeverCauseOrHideResync(t *testing.T) {
 	if len(res.Changes) != 0 || res.ResyncRequired {
 		t.Fatalf("%+v", res)
 	}
-	lagging := j.cursorAt(1, newScope(qa).hash()) // a reader that stopped at seq 1
+	lagging := j.cursorAt(0, 1, newScope(qa).hash()) // a reader that stopped at seq 1
 	if _, err := j.Prune(ctx, Retention{MaxRows: 10}); err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +235,7 @@ func TestFiltersNeverCauseOrHideResync(t *testing.T) {
 	// Same for a tenant filter: tenant T's reader whose pruned range held
 	// only other tenants' rows.
 	qt := Query{Tenant: "t1"}
-	res = mustRead(t, j, Query{Tenant: "t1", Cursor: j.cursorAt(2, newScope(qt).hash())})
+	res = mustRead(t, j, Query{Tenant: "t1", Cursor: j.cursorAt(0, 2, newScope(qt).hash())})
 	if !res.ResyncRequired || res.Reason != ResyncPruned {
 		t.Fatalf("tenant filter hid a resync: %+v", res)
 	}

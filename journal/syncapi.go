@@ -16,46 +16,58 @@ import (
 // entitySeq (the baseline of gap detection).
 
 // CursorAt returns the cursor at position pos (the seq of the last entry the
-// reader has been given) for q's scope (Entities, Tenant, AllTenants; the
-// other fields are ignored). It reads nothing: the caller vouches that every
-// entry of the scope up to pos has been handed to the reader.
-func (j *Journal) CursorAt(q Query, pos int64) (string, error) {
+// reader has been given) of the given epoch for q's scope (Entities, Tenant,
+// AllTenants; the other fields are ignored). It reads nothing: the caller
+// vouches that every entry of the scope up to pos in that epoch's history
+// has been handed to the reader.
+func (j *Journal) CursorAt(q Query, epoch, pos int64) (string, error) {
 	if len(j.secrets) == 0 {
 		return "", opErr("journal.CursorAt", ErrNoCursorSecret, "set --cursor-secret")
 	}
 	if pos < 0 {
 		pos = 0
 	}
-	return j.cursorAt(pos, newScope(q).hash()), nil
+	return j.cursorAt(max(epoch, 0), pos, newScope(q).hash()), nil
 }
 
 // CheckCursor validates q.Cursor for q's scope as Changes does, without
-// reading: it returns the cursor's position, or a resync reason when the
-// cursor is authentic but cannot be served from its position (signed with a
-// previous secret, or issued by another journal). A malformed or forged
+// reading: it returns the cursor's position and epoch, or a resync reason
+// when the cursor is authentic but cannot be served from its position
+// (signed with a previous secret, or issued by another journal). Whether
+// the epoch is current is for the caller (or Changes) to say. A malformed or forged
 // cursor fails with ErrCursorTampered, one of another scope with
 // ErrCursorScope (and ErrForeignJournal under RejectForeignJournal). Whether
 // the position is still retained is for Changes to say.
-func (j *Journal) CheckCursor(q Query) (pos int64, resync ResyncReason, err error) {
+func (j *Journal) CheckCursor(q Query) (pos, epoch int64, resync ResyncReason, err error) {
 	const op = "journal.CheckCursor"
 	if len(j.secrets) == 0 {
-		return 0, "", opErr(op, ErrNoCursorSecret, "set --cursor-secret")
+		return 0, 0, "", opErr(op, ErrNoCursorSecret, "set --cursor-secret")
 	}
 	c, idx, ok := decodeCursor(q.Cursor, j.secrets)
 	if !ok {
-		return 0, "", opErr(op, ErrCursorTampered, "the client must drop this cursor and start again without one")
+		return 0, 0, "", opErr(op, ErrCursorTampered, "the client must drop this cursor and start again without one")
 	}
 	switch {
 	case c.scope != newScope(q).hash():
-		return 0, "", opErr(op, ErrCursorScope, "present a cursor with the topics and tenant it was issued for")
+		return 0, 0, "", opErr(op, ErrCursorScope, "present a cursor with the topics and tenant it was issued for")
 	case c.journal != j.id && j.rejectForeign:
-		return 0, "", opErr(op, ErrForeignJournal, "the cursor belongs to another journal; start again without a cursor")
+		return 0, 0, "", opErr(op, ErrForeignJournal, "the cursor belongs to another journal; start again without a cursor")
 	case c.journal != j.id:
-		return 0, ResyncForeignJournal, nil
+		return 0, 0, ResyncForeignJournal, nil
 	case idx > 0:
-		return 0, ResyncSecretRotated, nil
+		return 0, 0, ResyncSecretRotated, nil
 	}
-	return c.position, "", nil
+	return c.position, c.epoch, "", nil
+}
+
+// Epoch returns the journal's current epoch and the seq of its first entry
+// (the resync entry that started it; 1 for a journal's first epoch).
+func (j *Journal) Epoch(ctx context.Context) (epoch, firstSeq int64, err error) {
+	err = j.queryRow(ctx, "SELECT m.epoch, coalesce((SELECT first_seq FROM "+j.sql.epochs+" WHERE epoch = m.epoch), 1) FROM "+j.sql.meta+" m", nil, &epoch, &firstSeq)
+	if err != nil {
+		return 0, 0, opErr("journal.Epoch", err, "")
+	}
+	return epoch, firstSeq, nil
 }
 
 // ErrNoEntry: the entry asked for by seq is not retained (pruned, or never

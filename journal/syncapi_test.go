@@ -11,7 +11,7 @@ func TestSyncAPI(t *testing.T) {
 	q := Query{Entities: []string{"public.a"}}
 
 	// CursorAt issues what Changes would: reading from it continues there.
-	cur, err := j.CursorAt(q, res.FirstSeq)
+	cur, err := j.CursorAt(q, 0, res.FirstSeq)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -19,20 +19,20 @@ func TestSyncAPI(t *testing.T) {
 	if got := mustRead(t, j, q); len(got.Changes) != 1 || got.Changes[0].Seq != res.LastSeq {
 		t.Fatalf("read from CursorAt: %+v", got)
 	}
-	if pos, reason, err := j.CheckCursor(q); err != nil || reason != "" || pos != res.FirstSeq {
+	if pos, _, reason, err := j.CheckCursor(q); err != nil || reason != "" || pos != res.FirstSeq {
 		t.Fatalf("CheckCursor = %d %q %v", pos, reason, err)
 	}
-	if _, _, err := j.CheckCursor(Query{Entities: []string{"public.b"}, Cursor: cur}); !errors.Is(err, ErrCursorScope) {
+	if _, _, _, err := j.CheckCursor(Query{Entities: []string{"public.b"}, Cursor: cur}); !errors.Is(err, ErrCursorScope) {
 		t.Fatalf("other scope: %v", err)
 	}
-	if _, _, err := j.CheckCursor(Query{Entities: []string{"public.a"}, Cursor: cur[:10] + string(cur[10]^1) + cur[11:]}); !errors.Is(err, ErrCursorTampered) {
+	if _, _, _, err := j.CheckCursor(Query{Entities: []string{"public.a"}, Cursor: cur[:10] + string(cur[10]^1) + cur[11:]}); !errors.Is(err, ErrCursorTampered) {
 		t.Fatalf("tampered: %v", err)
 	}
 	rotated := openAt(t, j.connCfg.ConnString(), func(c *Config) {
 		c.CursorSecret = []byte("another-secret-0123456789")
 		c.PreviousCursorSecrets = [][]byte{testSecret}
 	})
-	if _, reason, err := rotated.CheckCursor(q); err != nil || reason != ResyncSecretRotated {
+	if _, _, reason, err := rotated.CheckCursor(q); err != nil || reason != ResyncSecretRotated {
 		t.Fatalf("rotated: %q %v", reason, err)
 	}
 

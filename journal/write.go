@@ -24,6 +24,10 @@ type appendOpts struct {
 	force          bool // journal even at or below the watermark (resync)
 	resetWatermark bool // set the watermark to the last transaction's EndLSN even if lower
 	source         *Source
+	// epoch, when non-zero, starts a new epoch at the batch's first seq
+	// (a resync that resets the history); epochReason is recorded with it.
+	epoch       int64
+	epochReason string
 }
 
 // ErrUnencodable is in the chain of an append error caused by a change the
@@ -51,7 +55,19 @@ type appendCache struct {
 	next      int64                  // next_seq
 	entities  map[string]entityState // entity_seqs
 	buf       []byte                 // COPY encoding buffer, reused
+	// highNext and highWM are next_seq and the watermark after this
+	// process's newest committed append; unlike the rest they survive an
+	// invalidation, so a meta row found below them means the journal was
+	// rewound under this process (ErrJournalRewound).
+	highNext, highWM int64
 }
+
+// ErrJournalRewound: the journal's meta row is behind what this process
+// itself committed — the journal database was restored from a backup or
+// failed over to a replica that lacks the tail. Appending on would journal
+// new changes after a hole; the replicator must start over, and its resume
+// checks find the lost range (the slot is ahead of the watermark).
+var ErrJournalRewound = errors.New("the journal is behind what this process committed to it (restored from a backup, or failed over and lost its tail)")
 
 // querier is what lookups need of a connection.
 type querier interface {
@@ -114,6 +130,9 @@ func (j *Journal) append(ctx context.Context, op string, gen int64, txs []*decod
 		if errors.Is(err, ErrFenced) {
 			return AppendResult{}, fencedErr(op, gen)
 		}
+		if errors.Is(err, ErrJournalRewound) {
+			return AppendResult{}, opErr(op, err, "nothing was written; walcast run starts over and, finding the slot ahead of the journal, stops with the fix (--recreate-lost-slot journals a resync and starts a new epoch)")
+		}
 		return AppendResult{}, opErr(op, err, "")
 	}
 }
@@ -135,6 +154,10 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 		}
 		if curGen != gen {
 			return res, ErrFenced
+		}
+		if !o.resetWatermark && (nextSeq < j.cache.highNext || wm < j.cache.highWM) {
+			return res, fmt.Errorf("%w: next seq %d and watermark %s, after this process committed up to seq %d and watermark %s",
+				ErrJournalRewound, nextSeq, decoder.LSN(wm), j.cache.highNext-1, decoder.LSN(j.cache.highWM))
 		}
 		if !j.cache.valid || j.cache.next != nextSeq || j.cache.entities == nil {
 			if err := j.loadEntities(ctx, conn); err != nil {
@@ -224,6 +247,7 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 		j.cache.entities[e] = st
 	}
 	j.cache.valid, j.cache.gen, j.cache.watermark, j.cache.next = true, gen, newWM, src.next
+	j.cache.highNext, j.cache.highWM = src.next, newWM
 	res.Watermark = decoder.LSN(newWM)
 	res.Entries = int(written)
 	if written > 0 {
@@ -253,7 +277,17 @@ func (j *Journal) finishSQL(src *copySource, o appendOpts, gen, nextSeq, wm, new
 	if o.source != nil {
 		b.WriteString(", system_id = " + textLit(o.source.SystemID) + ", timeline = " + i(int64(o.source.Timeline)) + ", slot = " + textLit(o.source.Slot))
 	}
-	b.WriteString(" WHERE generation = " + i(gen) + " AND next_seq = " + i(nextSeq) + " AND watermark = " + i(wm) + " RETURNING 1)")
+	if o.epoch != 0 {
+		b.WriteString(", epoch = " + i(o.epoch))
+	}
+	b.WriteString(" WHERE generation = " + i(gen) + " AND next_seq = " + i(nextSeq) + " AND watermark = " + i(wm) + " RETURNING epoch)")
+	if o.epoch != 0 {
+		// Epochs that began at or after this seq belong to a history the
+		// journal no longer has (none survive a restore, but a table is
+		// cheap to keep exact).
+		b.WriteString(", ed AS (DELETE FROM " + j.sql.epochs + " WHERE first_seq >= " + i(nextSeq) + ")" +
+			", ei AS (INSERT INTO " + j.sql.epochs + " (epoch, first_seq, reason) VALUES (" + i(o.epoch) + ", " + i(nextSeq) + ", " + textLit(o.epochReason) + "))")
+	}
 	// Entities this process knows get a plain UPDATE (cheaper than an
 	// upsert's speculative insertion); new ones an INSERT that still
 	// tolerates a row it did not know of.
@@ -276,7 +310,9 @@ func (j *Journal) finishSQL(src *copySource, o appendOpts, gen, nextSeq, wm, new
 	}
 	b.WriteString(" SELECT 1 / (SELECT count(*)::integer FROM u)")
 	if src.next > nextSeq {
-		b.WriteString(", pg_notify(" + textLit(j.channel) + ", '" + i(src.next-1) + "')")
+		// The payload names the epoch too (parseNotification): a new one
+		// tells waiters that seqs started again.
+		b.WriteString(", pg_notify(" + textLit(j.channel) + ", '" + i(src.next-1) + " ' || (SELECT epoch FROM u))")
 	}
 	return b.String()
 }

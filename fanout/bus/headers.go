@@ -1,7 +1,9 @@
 package bus
 
 // NATS headers set on every published change. Nats-Msg-Id makes a JetStream
-// stream bound to the subjects drop republished copies.
+// stream bound to the subjects drop republished copies; it holds the
+// journal's epoch (journal.EpochHex) so that a seq assigned again after a
+// restore is a new message, not a duplicate of the lost one.
 //
 // Headers are informational except for the sequence numbers: nats.go trims
 // header values (leading and trailing spaces, CR and LF), so a consumer must
@@ -11,7 +13,8 @@ package bus
 // the value is longer than MaxHeaderValueBytes (the envelope and the subject
 // carry it), so headers never push a message past the server's max payload.
 const (
-	HeaderMsgID         = "Nats-Msg-Id"            // <journal id hex>:<seq>
+	HeaderMsgID         = "Nats-Msg-Id"            // <journal id hex>:<epoch hex>:<seq>
+	HeaderEpoch         = "Walcast-Epoch"          // the entry's journal epoch, 16 hex digits
 	HeaderSeq           = "Walcast-Seq"            // journal seq
 	HeaderEntitySeq     = "Walcast-Entity-Seq"     // per-entity sequence
 	HeaderEntity        = "Walcast-Entity"         // envelope entity, when at most MaxHeaderValueBytes

@@ -70,6 +70,8 @@ type Publisher struct {
 	reconnects uint64       // the connection's reconnect count at the last save; owned by Run
 	published  atomic.Int64 // last seq handed to NATS
 	horizon    atomic.Int64 // journal horizon at the last read
+	epoch      int64        // the journal epoch of the last read; owned by Run
+	epochKnown bool         // owned by Run
 	count      atomic.Uint64
 	oversize   atomic.Uint64
 
@@ -210,6 +212,18 @@ func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
 		return pos, err
 	}
 	p.horizon.Store(lg.Horizon)
+	if p.epochKnown && lg.Epoch != p.epoch && pos >= lg.EpochSeq {
+		// The journal's history was reset (a restore, a lost tail, a
+		// recreated slot): from the new epoch's first seq on, entries
+		// are not the ones this position counted. Publish them.
+		p.log.Warn("the journal's epoch changed; publishing the new epoch from its first entry",
+			"epoch", journal.EpochHex(lg.Epoch), "first_seq", lg.EpochSeq, "was_at", pos)
+		p.epoch = lg.Epoch
+		p.savedPos = min(p.savedPos, lg.EpochSeq-1)
+		p.published.Store(lg.EpochSeq - 1)
+		return lg.EpochSeq - 1, nil
+	}
+	p.epoch, p.epochKnown = lg.Epoch, true
 	if pos < lg.Floor-1 {
 		p.log.Warn("journal entries were pruned before they were published; sync nodes repair from the journal or resync",
 			"from", pos+1, "to", lg.Floor-1)
@@ -311,7 +325,9 @@ func (p *Publisher) record(ctx context.Context, seq int64) error {
 // server takes and no entry can stall the publisher.
 func (p *Publisher) message(e *journal.Entry, max int) (*nats.Msg, bool, error) {
 	m := nats.NewMsg(bus.Subject(p.cfg.Prefix, e.Op, e.Entity, e.Tenant, e.HasTenant))
-	m.Header.Set(bus.HeaderMsgID, p.id+":"+strconv.FormatInt(e.Seq, 10))
+	epoch := journal.EpochHex(e.Epoch)
+	m.Header.Set(bus.HeaderMsgID, p.id+":"+epoch+":"+strconv.FormatInt(e.Seq, 10))
+	m.Header.Set(bus.HeaderEpoch, epoch)
 	m.Header.Set(bus.HeaderSeq, strconv.FormatInt(e.Seq, 10))
 	m.Header.Set(bus.HeaderEntitySeq, strconv.FormatInt(e.EntitySeq, 10))
 	if len(e.Entity) <= bus.MaxHeaderValueBytes {

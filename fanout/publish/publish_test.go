@@ -161,7 +161,7 @@ func TestPublishExactlyOnceInOrderWithSubjectsAndHeaders(t *testing.T) {
 	id := f.j.IDHex()
 	for i, m := range msgs {
 		seq := int64(i + 1)
-		if m.Header.Get(bus.HeaderSeq) != strconv.FormatInt(seq, 10) || m.Header.Get(bus.HeaderMsgID) != id+":"+strconv.FormatInt(seq, 10) {
+		if m.Header.Get(bus.HeaderSeq) != strconv.FormatInt(seq, 10) || m.Header.Get(bus.HeaderMsgID) != id+":0000000000000000:"+strconv.FormatInt(seq, 10) {
 			t.Fatalf("message %d: seq %q msg id %q", i, m.Header.Get(bus.HeaderSeq), m.Header.Get(bus.HeaderMsgID))
 		}
 		var env decoder.Envelope

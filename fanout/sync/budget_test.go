@@ -20,7 +20,7 @@ func TestSyncCatchUpPagesBoundedByBytes(t *testing.T) {
 		rows = append(rows, row{entity: orders, op: decoder.OpInsert, id: i, pad: 50 << 10})
 	}
 	es := e.commit(rows...)
-	cur, _ := e.j.CursorAt(journal.Query{Entities: []string{orders}}, es[0].Seq-1)
+	cur, _ := e.j.CursorAt(journal.Query{Entities: []string{orders}}, 0, es[0].Seq-1)
 	c := e.mustDial(token(t, []string{orders}, "", time.Hour))
 	c.sub(orders, cur)
 	c.expect("subscribed")
@@ -56,7 +56,7 @@ func TestSyncCatchUpReadCanceledWhenClientLeaves(t *testing.T) {
 		close(canceled)
 	}
 	e.node.reads.testHook.Store(&hook)
-	cur, _ := e.j.CursorAt(journal.Query{Entities: []string{orders}}, es[0].Seq-1)
+	cur, _ := e.j.CursorAt(journal.Query{Entities: []string{orders}}, 0, es[0].Seq-1)
 	c := e.mustDial(token(t, []string{orders}, "", time.Hour))
 	c.sub(orders, cur)
 	c.expect("subscribed")

@@ -37,6 +37,7 @@ var (
 // test publisher and a sync node served over loopback.
 type syncEnv struct {
 	t    testing.TB
+	url  string // the journal's database
 	j    *journal.Journal
 	gen  int64
 	nats *natstest.Server
@@ -62,7 +63,8 @@ func newSyncEnv(t testing.TB, mod ...func(*Config)) *syncEnv {
 	ctx := syncCtx(t)
 	e := &syncEnv{t: t, lsn: 0x1000000}
 	var err error
-	e.j, err = journal.Open(ctx, journal.Config{URL: pgtest.NewDatabase(t), CursorSecret: syncTestSecret})
+	e.url = pgtest.NewDatabase(t)
+	e.j, err = journal.Open(ctx, journal.Config{URL: e.url, CursorSecret: syncTestSecret})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,24 +167,21 @@ func (e *syncEnv) appendRowsAt(ct time.Time, rows ...row) []journal.Entry {
 	return e.entries(res.FirstSeq, res.LastSeq)
 }
 
-// entries reads the entries first..last back: with one read, or one by
-// one when the range holds a resync entry (which a cursor read stops at).
+// entries reads the entries first..last back as the publisher does (with
+// their epochs).
 func (e *syncEnv) entries(first, last int64) []journal.Entry {
 	e.t.Helper()
-	q := journal.Query{AllTenants: true, Limit: int(last - first + 1)}
-	if cur, err := e.j.CursorAt(q, first-1); err == nil {
-		q.Cursor = cur
-		if res, err := e.j.Changes(syncCtx(e.t), q); err == nil && len(res.Changes) == q.Limit {
-			return res.Changes
-		}
-	}
 	var out []journal.Entry
-	for seq := first; seq <= last; seq++ {
-		en, err := e.j.EntryAt(syncCtx(e.t), seq)
+	for pos := first - 1; pos < last; {
+		lg, err := e.j.ReadAfter(syncCtx(e.t), pos, int(last-pos))
 		if err != nil {
 			e.t.Fatal(err)
 		}
-		out = append(out, en)
+		if len(lg.Entries) == 0 {
+			e.t.Fatalf("entries %d..%d: nothing after %d", first, last, pos)
+		}
+		out = append(out, lg.Entries...)
+		pos = lg.Entries[len(lg.Entries)-1].Seq
 	}
 	return out
 }
@@ -215,7 +214,8 @@ func (e *syncEnv) commit(rows ...row) []journal.Entry {
 func publishedMsg(prefix string, id [16]byte, en journal.Entry) *nats.Msg {
 	m := nats.NewMsg(bus.Subject(prefix, en.Op, en.Entity, en.Tenant, en.HasTenant))
 	m.Data = en.Envelope
-	m.Header.Set("Nats-Msg-Id", fmt.Sprintf("%x:%d", id, en.Seq))
+	m.Header.Set("Nats-Msg-Id", fmt.Sprintf("%x:%s:%d", id, journal.EpochHex(en.Epoch), en.Seq))
+	m.Header.Set("Walcast-Epoch", journal.EpochHex(en.Epoch))
 	m.Header.Set("Walcast-Seq", strconv.FormatInt(en.Seq, 10))
 	m.Header.Set("Walcast-Entity-Seq", strconv.FormatInt(en.EntitySeq, 10))
 	m.Header.Set("Walcast-Entity", en.Entity)

@@ -23,6 +23,8 @@ type syncStats struct {
 	// reserve was full (tests).
 	controlOverflows atomic.Int64
 	lagCloses        atomic.Int64 // sockets closed for MaxLag (tests)
+	epochChanges     atomic.Int64 // journal epoch changes the node followed
+	epochIgnored     atomic.Int64 // messages of another epoch ignored
 
 	mu       sync.Mutex       // guards the following fields
 	closed   map[string]int64 // close reason → sockets
@@ -42,6 +44,7 @@ func (st *syncStats) inc(m *map[string]int64, key string) {
 // Stats is a snapshot of a sync node's counters, for tests and logs.
 type Stats struct {
 	SocketsOpen, FramesSent, FramesDropped, ReplayGaps int64
+	EpochChanges, EpochIgnored                         int64
 	Closed, Rejected, Repairs                          map[string]int64
 }
 
@@ -50,6 +53,7 @@ func (n *Node) Stats() Stats {
 	st := &n.stats
 	out := Stats{SocketsOpen: st.socketsOpen.Load(), FramesSent: st.framesSent.Load(),
 		FramesDropped: st.framesDropped.Load(), ReplayGaps: st.replayGaps.Load(),
+		EpochChanges: st.epochChanges.Load(), EpochIgnored: st.epochIgnored.Load(),
 		Closed: map[string]int64{}, Rejected: map[string]int64{}, Repairs: map[string]int64{}}
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -107,6 +111,11 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 	if err != nil {
 		return nil, err
 	}
+	epochs, err := meter.Int64ObservableCounter("walcast.sync.epoch_changes",
+		metric.WithDescription("journal epoch changes (restores, resets) the node followed by resyncing every client"))
+	if err != nil {
+		return nil, err
+	}
 	return meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		s := n.Stats()
 		o.ObserveInt64(open, s.SocketsOpen)
@@ -114,6 +123,7 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 		o.ObserveInt64(dropped, s.FramesDropped)
 		o.ObserveInt64(gaps, s.ReplayGaps)
 		o.ObserveInt64(received, n.stats.liveReceived.Load())
+		o.ObserveInt64(epochs, s.EpochChanges)
 		for k, v := range s.Closed {
 			o.ObserveInt64(closed, v, metric.WithAttributes(attribute.String("reason", k)))
 		}
@@ -124,5 +134,5 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 			o.ObserveInt64(repairs, v, metric.WithAttributes(attribute.String("cause", k)))
 		}
 		return nil
-	}, open, sent, dropped, gaps, received, closed, rejected, repairs)
+	}, open, sent, dropped, gaps, received, closed, rejected, repairs, epochs)
 }

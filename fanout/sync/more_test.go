@@ -23,7 +23,7 @@ func TestSyncStormSharesJournalReads(t *testing.T) {
 	hook := func(context.Context) { <-release }
 	e.node.reads.testHook.Store(&hook)
 	es := e.commit(ins(orders, 1), ins(orders, 2), ins(orders, 3))
-	cur, _ := e.j.CursorAt(journal.Query{Entities: []string{orders}}, es[0].Seq-1)
+	cur, _ := e.j.CursorAt(journal.Query{Entities: []string{orders}}, 0, es[0].Seq-1)
 	const n = 40
 	var conns []*wsConn
 	tok := token(t, []string{orders}, "", time.Hour)

@@ -225,6 +225,8 @@ type Node struct {
 
 	horizon      atomic.Int64 // newest journal seq known
 	horizonKnown atomic.Bool
+	epoch        atomic.Int64  // the journal epoch every position the node holds is in (epoch.go)
+	epochPoke    chan struct{} // asks watchEpoch for a check
 
 	natsUp     atomic.Bool
 	natsClosed atomic.Bool   // the connection is closed for good (nats.go gave up)
@@ -251,7 +253,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, j: cfg.Journal, log: cfg.Logger, topics: map[string]*syncTopic{}, sockets: map[*socket]struct{}{},
-		failed: make(chan struct{})}
+		failed: make(chan struct{}), epochPoke: make(chan struct{}, 1)}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.reads.n = n
 	n.limits.init(&n.cfg)
@@ -316,6 +318,13 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		n.cancel()
 		return nil, fmt.Errorf("sync: read the journal's entities: %w", err)
 	}
+	epoch, _, err := n.j.Epoch(ctx)
+	if err != nil {
+		nc.Close()
+		n.cancel()
+		return nil, fmt.Errorf("sync: read the journal's epoch: %w", err)
+	}
+	n.epoch.Store(epoch)
 	if _, err := nc.Subscribe(cfg.SubjectPrefix+".resync", n.onResync); err != nil {
 		nc.Close()
 		n.cancel()
@@ -333,7 +342,8 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("sync: metrics: %w", err)
 		}
 	}
-	n.wg.Add(4)
+	n.wg.Add(5)
+	go n.watchEpoch()
 	go n.sweepIdle()
 	go n.sweepLag()
 	go n.followHorizon()
@@ -490,6 +500,9 @@ func (n *Node) followHorizon() {
 		}
 		n.horizon.Store(h)
 		n.horizonKnown.Store(true)
+		if h <= after {
+			n.pokeEpoch() // the horizon went back: the journal's epoch changed
+		}
 		after = h
 	}
 }
@@ -593,6 +606,7 @@ type member struct {
 	// Guarded by t.mu.
 	state  memberState
 	pos    int64 // the seq of the last entry delivered (or scanned) for this scope
+	epoch  int64 // the journal epoch pos is in (epoch.go)
 	repair bool  // catching up must read once more before going live
 }
 
@@ -708,6 +722,18 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 	}
 	unknown := msg.Header.Get(bus.HeaderTenantUnknown) == "true"
 	payload := msg.Data
+	epoch, ok := msgEpoch(msg)
+	if !ok {
+		n.warnEvery("headers", "NATS message with an invalid Walcast-Epoch header ignored", "subject", msg.Subject)
+		return
+	}
+	if !n.inEpoch(epoch) {
+		// Of another epoch: a straggler of the old history, or the first
+		// of a new one, which the epoch check turns into a resync of
+		// every member at a horizon that covers this message.
+		n.stats.epochIgnored.Add(1)
+		return
+	}
 
 	t.mu.Lock()
 	t.lastSeen = max(t.lastSeen, seq)
@@ -746,7 +772,7 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 		t.mu.Lock()
 		k := 0
 		for m := range t.members {
-			if m.state == memberLive && seq > m.pos && visible(m.tenantTok, tenantTok, unknown) {
+			if m.state == memberLive && m.epoch == epoch && seq > m.pos && visible(m.tenantTok, tenantTok, unknown) {
 				m.state = memberCatchingUp
 				m.s.startCatchUp(m)
 				k++
@@ -764,12 +790,12 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 	defer t.mu.Unlock()
 	var enc map[string]*frame // tenant scope → the frame every member of it shares
 	for m := range t.members {
-		if m.state != memberLive || seq <= m.pos || !visible(m.tenantTok, tenantTok, unknown) {
+		if m.state != memberLive || m.epoch != epoch || seq <= m.pos || !visible(m.tenantTok, tenantTok, unknown) {
 			continue
 		}
 		f := enc[m.q.Tenant]
 		if f == nil {
-			cur, err := n.j.CursorAt(m.q, seq)
+			cur, err := n.j.CursorAt(m.q, epoch, seq)
 			if err != nil {
 				continue
 			}
@@ -885,6 +911,12 @@ func (n *Node) onResync(msg *nats.Msg) {
 	if err != nil {
 		return
 	}
+	if epoch, ok := msgEpoch(msg); !ok || !n.inEpoch(epoch) {
+		// A resync entry that starts a new epoch: the epoch check
+		// resyncs every member (positions of the old epoch say nothing
+		// about the new one, so m.pos >= seq below would skip some).
+		return
+	}
 	n.mu.Lock()
 	topics := make([]*syncTopic, 0, len(n.topics))
 	for _, t := range n.topics {
@@ -895,7 +927,7 @@ func (n *Node) onResync(msg *nats.Msg) {
 		t.mu.Lock()
 		enc := map[string]*frame{}
 		for m := range t.members {
-			if (m.state != memberLive && m.state != memberCatchingUp) || m.pos >= seq {
+			if (m.state != memberLive && m.state != memberCatchingUp) || (m.pos >= seq && m.epoch == n.epoch.Load()) {
 				continue
 			}
 			f := enc[m.q.Tenant]
@@ -909,8 +941,9 @@ func (n *Node) onResync(msg *nats.Msg) {
 	}
 }
 
+// resyncFrame is a resync for m at pos in m's epoch.
 func (n *Node) resyncFrame(m *member, pos int64) *frame {
-	cur, _ := n.j.CursorAt(m.q, pos)
+	cur, _ := n.j.CursorAt(m.q, m.epoch, pos)
 	return controlFrame("resync", m.topic, cur)
 }
 

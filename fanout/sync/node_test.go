@@ -111,7 +111,7 @@ func TestSyncReplayRacesLive(t *testing.T) {
 	e := newSyncEnv(t)
 	tok := token(t, []string{orders}, "", time.Hour)
 	first := e.commit(ins(orders, 0))
-	cur, err := e.j.CursorAt(journal.Query{Entities: []string{orders}}, first[0].Seq)
+	cur, err := e.j.CursorAt(journal.Query{Entities: []string{orders}}, 0, first[0].Seq)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -444,7 +444,7 @@ func TestSyncTenancy(t *testing.T) {
 	check(u, es[2].Seq)
 
 	// Replays obey the same scope; a cursor of another tenant is refused.
-	acmeCur, _ := e.j.CursorAt(journal.Query{Entities: []string{orders}, Tenant: "acme"}, es[0].Seq-1)
+	acmeCur, _ := e.j.CursorAt(journal.Query{Entities: []string{orders}, Tenant: "acme"}, 0, es[0].Seq-1)
 	b.sub(orders, acmeCur)
 	if f := b.expect("error"); f.Code != "bad-cursor" {
 		t.Fatalf("got %+v", f)
@@ -459,7 +459,7 @@ func TestSyncCursorsForgedForeignExpired(t *testing.T) {
 	e := newSyncEnv(t)
 	c := e.mustDial(token(t, []string{orders}, "", time.Hour))
 	es := e.commit(ins(orders, 1), ins(orders, 2))
-	good, _ := e.j.CursorAt(journal.Query{Entities: []string{orders}}, es[0].Seq)
+	good, _ := e.j.CursorAt(journal.Query{Entities: []string{orders}}, 0, es[0].Seq)
 	forged := good[:len(good)-2] + "AA"
 	if forged == good {
 		forged = good[:len(good)-2] + "BA"
@@ -471,7 +471,7 @@ func TestSyncCursorsForgedForeignExpired(t *testing.T) {
 		}
 	}
 	// Another topic's cursor.
-	other, _ := e.j.CursorAt(journal.Query{Entities: []string{"public.items"}}, 0)
+	other, _ := e.j.CursorAt(journal.Query{Entities: []string{"public.items"}}, 0, 0)
 	c.sub(orders, other)
 	if f := c.expect("error"); f.Code != "bad-cursor" {
 		t.Fatalf("got %+v", f)
@@ -482,7 +482,7 @@ func TestSyncCursorsForgedForeignExpired(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer j2.Close()
-	foreign, _ := j2.CursorAt(journal.Query{Entities: []string{orders}}, 1)
+	foreign, _ := j2.CursorAt(journal.Query{Entities: []string{orders}}, 0, 1)
 	c.sub(orders, foreign)
 	if f := c.expect("resync"); f.Cursor == "" {
 		t.Fatalf("got %+v", f)
@@ -706,7 +706,7 @@ func TestSyncChangesHTTP(t *testing.T) {
 	if code, _ := get(acme, "topic="+orders+"&cursor=forged"); code != 400 {
 		t.Fatalf("forged cursor: %d", code)
 	}
-	start, _ := e.j.CursorAt(journal.Query{Entities: []string{orders}, Tenant: "acme"}, es[0].Seq-1)
+	start, _ := e.j.CursorAt(journal.Query{Entities: []string{orders}, Tenant: "acme"}, 0, es[0].Seq-1)
 	code, out := get(acme, "topic="+orders+"&limit=10&cursor="+start)
 	if code != 200 || len(out.Changes) != 2 || out.Cursor == "" {
 		t.Fatalf("%d %+v", code, out)

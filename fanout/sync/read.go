@@ -24,7 +24,7 @@ type sharedReads struct {
 
 type readKey struct {
 	entity, tenant string
-	from           int64
+	epoch, from    int64
 }
 
 type readCall struct {
@@ -43,8 +43,9 @@ type readPage struct {
 	more   bool
 	// resync is set when the position needs a resync: the frame to send and
 	// the position (the horizon) to continue from.
-	resync    *frame
-	resyncPos int64
+	resync      *frame
+	resyncPos   int64
+	resyncEpoch int64
 }
 
 // read returns the page after from in q's scope, joining a read already in
@@ -52,8 +53,8 @@ type readPage struct {
 // node's, so one socket leaving does not fail the others, and it is
 // canceled when the last socket waiting for it leaves (a client that
 // disconnects costs no further journal time).
-func (r *sharedReads) read(ctx context.Context, q journal.Query, from int64) (readPage, error) {
-	key := readKey{entity: q.Entities[0], tenant: q.Tenant, from: from}
+func (r *sharedReads) read(ctx context.Context, q journal.Query, epoch, from int64) (readPage, error) {
+	key := readKey{entity: q.Entities[0], tenant: q.Tenant, epoch: epoch, from: from}
 	r.mu.Lock()
 	if r.inflight == nil {
 		r.inflight = map[readKey]*readCall{}
@@ -66,7 +67,7 @@ func (r *sharedReads) read(ctx context.Context, q journal.Query, from int64) (re
 		r.n.wg.Add(1)
 		go func() {
 			defer r.n.wg.Done()
-			c.page, c.err = r.do(rctx, q, from)
+			c.page, c.err = r.do(rctx, q, epoch, from)
 			r.mu.Lock()
 			if r.inflight[key] == c {
 				delete(r.inflight, key)
@@ -101,7 +102,7 @@ func (r *sharedReads) read(ctx context.Context, q journal.Query, from int64) (re
 // do reads one page: at most catchUpPageBytes of envelopes (and
 // journal.DefaultLimit changes), so a page held outside the socket's queue
 // is bounded in bytes.
-func (r *sharedReads) do(ctx context.Context, q journal.Query, from int64) (readPage, error) {
+func (r *sharedReads) do(ctx context.Context, q journal.Query, epoch, from int64) (readPage, error) {
 	j := r.n.j
 	if h := r.testHook.Load(); h != nil {
 		(*h)(ctx)
@@ -109,7 +110,7 @@ func (r *sharedReads) do(ctx context.Context, q journal.Query, from int64) (read
 	q.MaxBytes = r.n.catchUpPageBytes()
 	r.queries.Add(1)
 	var err error
-	if q.Cursor, err = j.CursorAt(q, from); err != nil {
+	if q.Cursor, err = j.CursorAt(q, epoch, from); err != nil {
 		return readPage{}, err
 	}
 	res, err := j.Changes(ctx, q)
@@ -121,11 +122,11 @@ func (r *sharedReads) do(ctx context.Context, q journal.Query, from int64) (read
 		if err != nil {
 			return readPage{}, err
 		}
-		return readPage{resync: controlFrame("resync", q.Entities[0], res.ResyncCursor), resyncPos: pos, end: from}, nil
+		return readPage{resync: controlFrame("resync", q.Entities[0], res.ResyncCursor), resyncPos: pos, resyncEpoch: res.Epoch, end: from}, nil
 	}
 	p := readPage{more: res.More, frames: make([]*frame, len(res.Changes)), seqs: make([]int64, len(res.Changes))}
 	for i, e := range res.Changes {
-		cur, err := j.CursorAt(q, e.Seq)
+		cur, err := j.CursorAt(q, res.Epoch, e.Seq)
 		if err != nil {
 			return readPage{}, err
 		}

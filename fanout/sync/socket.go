@@ -375,7 +375,7 @@ func (s *socket) subscribe(topic, cursor string) {
 	resync := false
 	if cursor != "" {
 		q.Cursor = cursor
-		pos, reason, err := n.j.CheckCursor(q)
+		pos, epoch, reason, err := n.j.CheckCursor(q)
 		switch {
 		case errors.Is(err, journal.ErrCursorTampered):
 			s.enqueue(errorFrame("bad-cursor", "cursor is malformed or not signed by this deployment; subscribe without one", topic), nil)
@@ -391,11 +391,14 @@ func (s *socket) subscribe(topic, cursor string) {
 			return
 		case reason != "":
 			resync = true
+		case !n.inEpoch(epoch):
+			resync = true // a cursor of another epoch (DESIGN §5)
 		default:
-			m.pos = pos
+			m.pos, m.epoch = pos, epoch
 		}
 	}
 	if cursor == "" || resync {
+		m.epoch = n.epoch.Load()
 		h, err := n.currentHorizon(s.ctx, q)
 		if err != nil {
 			s.enqueue(errorFrame("unavailable", "journal unavailable; retry", topic), nil)
@@ -403,7 +406,7 @@ func (s *socket) subscribe(topic, cursor string) {
 		}
 		m.pos = h
 	}
-	cur, err := n.j.CursorAt(q, m.pos)
+	cur, err := n.j.CursorAt(q, m.epoch, m.pos)
 	if err != nil {
 		s.enqueue(errorFrame("unavailable", "cannot issue cursors", topic), nil)
 		return
@@ -420,6 +423,7 @@ func (s *socket) subscribe(topic, cursor string) {
 	}
 	s.members[topic] = m
 	m.t.mu.Lock()
+	n.alignEpochLocked(m)
 	if m.state == memberCatchingUp {
 		s.startCatchUp(m)
 	}
@@ -480,7 +484,7 @@ func (s *socket) catchUp(m *member) {
 			t.mu.Unlock()
 			return
 		}
-		from := m.pos
+		from, epoch := m.pos, m.epoch
 		m.repair = false
 		t.mu.Unlock()
 
@@ -489,7 +493,7 @@ func (s *socket) catchUp(m *member) {
 		case <-s.ctx.Done():
 			return
 		}
-		page, err := s.n.reads.read(s.ctx, m.q, from)
+		page, err := s.n.reads.read(s.ctx, m.q, epoch, from)
 		if err != nil {
 			<-s.catchUps
 			if s.ctx.Err() != nil {
@@ -504,12 +508,16 @@ func (s *socket) catchUp(m *member) {
 		bo.Reset()
 
 		t.mu.Lock()
-		if m.state != memberCatchingUp || m.pos != from {
+		if m.state != memberCatchingUp || m.pos != from || m.epoch != epoch {
 			t.mu.Unlock() // moved by a resync meanwhile: read again from there
 			<-s.catchUps
 			continue
 		}
 		if page.resync != nil {
+			if page.resyncEpoch != s.n.epoch.Load() {
+				s.n.pokeEpoch()
+			}
+			m.epoch = page.resyncEpoch
 			m.resyncLocked(page.resync, page.resyncPos)
 			t.mu.Unlock()
 			<-s.catchUps
@@ -522,7 +530,7 @@ func (s *socket) catchUp(m *member) {
 		for i := 0; i < len(page.frames); {
 			f, seq := page.frames[i], page.seqs[i]
 			t.mu.Lock()
-			if m.state != memberCatchingUp || m.pos > seq || m.pos < from {
+			if m.state != memberCatchingUp || m.epoch != epoch || m.pos > seq || m.pos < from {
 				t.mu.Unlock()
 				moved = true
 				break
@@ -618,7 +626,7 @@ func (s *socket) enqueue(f *frame, m *member) bool {
 		}
 		s.n.stats.framesDropped.Add(1)
 		if !slices.ContainsFunc(s.gaps, func(g socketGap) bool { return g.topic == m.topic }) {
-			cur, _ := s.n.j.CursorAt(m.q, m.pos)
+			cur, _ := s.n.j.CursorAt(m.q, m.epoch, m.pos)
 			s.gaps = append(s.gaps, socketGap{m.topic, cur})
 			if s.gapsAt == 0 {
 				s.gapsAt = s.n.cfg.Clock.Now().UnixNano()

@@ -1,0 +1,133 @@
+package sync
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/walcast/walcast/journal"
+	"github.com/walcast/walcast/journal/journaltest"
+)
+
+// TestSyncEpochRestoredJournal: the journal database is restored from a
+// backup taken at seq 2 after the node delivered seqs 3 and 4, and walcast
+// resets the history (a new epoch). Before epochs, the node and the client
+// both held position 4 and took the new seq 4 for the one they had seen:
+// the live client skipped it, and a client reconnecting with its cursor was
+// served from the new seq 5 on. Now the live client gets a resync and then
+// every change of the new history, and an old cursor gets a resync — on
+// the socket and over /v1/changes.
+func TestSyncEpochRestoredJournal(t *testing.T) {
+	e := newSyncEnv(t)
+	ctx := syncCtx(t)
+	tok := token(t, []string{orders}, "", time.Hour)
+	c := e.mustDial(tok)
+	c.sub(orders, "")
+	c.expect("subscribed")
+	e.topicLive(orders, 1)
+
+	e.commit(ins(orders, 1), ins(orders, 2))
+	c.expectChanges(2)
+	restore, err := journaltest.Backup(ctx, e.url, journal.DefaultSchema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := e.commit(ins(orders, 3), ins(orders, 4))
+	got := c.expectChanges(2)
+	oldCursor := got[1].Cursor
+	if got[1].env.Seq != 4 {
+		t.Fatalf("before the restore: %v", seqsOf(got))
+	}
+
+	if err := restore(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.mu.Lock()
+	lsn := e.lsn
+	e.mu.Unlock()
+	res, err := e.j.AppendResync(ctx, e.gen, journal.Resync{Reason: "journal restored from a backup", Watermark: lsn, ResetWatermark: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.publish(e.entries(res.FirstSeq, res.LastSeq)...)
+	r := c.expect("resync")
+	if r.Topic != orders {
+		t.Fatalf("resync %+v", r)
+	}
+	waitFor(t, "the node in the new epoch", func() bool { return e.node.Stats().EpochChanges == 1 })
+
+	fresh := e.commit(ins(orders, 40), ins(orders, 50)) // seqs 4 and 5 of the new epoch
+	if fresh[0].Seq != lost[1].Seq {
+		t.Fatalf("the restored journal assigned seq %d, want %d again", fresh[0].Seq, lost[1].Seq)
+	}
+	if fresh[0].Epoch == lost[1].Epoch {
+		t.Fatalf("seq %d has epoch %d in both histories", fresh[0].Seq, fresh[0].Epoch)
+	}
+	if a, b := publishedMsg("walcast", e.j.ID(), lost[1]).Header.Get("Nats-Msg-Id"), publishedMsg("walcast", e.j.ID(), fresh[0]).Header.Get("Nats-Msg-Id"); a == b {
+		t.Fatalf("the lost and the new seq %d share the message id %s", fresh[0].Seq, a)
+	}
+	after := c.expectChanges(2)
+	if after[0].env.Seq != 4 || string(after[0].env.Key["id"]) != "40" || string(after[1].env.Key["id"]) != "50" {
+		t.Fatalf("after the resync: %v", seqsOf(after))
+	}
+
+	// A client back with the cursor of the lost seq 4 is told to resync.
+	c2 := e.mustDial(tok)
+	c2.sub(orders, oldCursor)
+	if f := c2.expect("resync"); f.Cursor == "" || f.Cursor == oldCursor {
+		t.Fatalf("old-epoch cursor on the socket: %+v", f)
+	}
+	next := e.commit(ins(orders, 60))[0]
+	if f := c2.expect("change"); f.env.Seq != next.Seq {
+		t.Fatalf("after the resync: %+v", f)
+	}
+	if f := c.expect("change"); f.env.Seq != next.Seq {
+		t.Fatalf("live client: %+v", f)
+	}
+
+	// The same over HTTP.
+	req, _ := http.NewRequest("GET", e.srv.URL+"/v1/changes?topic="+url.QueryEscape(orders)+"&cursor="+url.QueryEscape(oldCursor), nil)
+	req.Header.Set("Authorization", "Bearer "+tok)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var out changesResponse
+	if err := json.Unmarshal(body, &out); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if !out.ResyncRequired || out.Reason != "epoch" || len(out.Changes) != 0 {
+		t.Fatalf("/v1/changes with an old-epoch cursor: %s", body)
+	}
+}
+
+// TestSyncEpochStragglerIgnored: a message of another epoch that the
+// journal does not hold as current (a republished straggler, or a forged
+// header) is ignored and counted; delivery of the current epoch goes on.
+func TestSyncEpochStragglerIgnored(t *testing.T) {
+	e := newSyncEnv(t)
+	c := e.mustDial(token(t, []string{orders}, "", time.Hour))
+	c.sub(orders, "")
+	c.expect("subscribed")
+	e.topicLive(orders, 1)
+	es := e.appendRows(ins(orders, 1), ins(orders, 2))
+	stray := es[0]
+	stray.Epoch = 0x1234
+	if err := e.pub.PublishMsg(publishedMsg("walcast", e.j.ID(), stray)); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(es...)
+	got := c.expectChanges(2)
+	if got[0].env.Seq != es[0].Seq || got[1].env.Seq != es[1].Seq {
+		t.Fatalf("got %v", seqsOf(got))
+	}
+	waitFor(t, "the straggler counted", func() bool { return e.node.Stats().EpochIgnored == 1 })
+	if s := e.node.Stats(); s.EpochChanges != 0 {
+		t.Fatalf("a straggler switched the node: %+v", s)
+	}
+}
