@@ -514,7 +514,7 @@ func jetStream(t *testing.T, url string) nats.JetStreamContext {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.AddStream(&nats.StreamConfig{Name: "WALCAST", Subjects: []string{"walcast.>"}, Duplicates: time.Hour}); err != nil {
+	if _, err := js.AddStream(&nats.StreamConfig{Name: "WALCAST", Subjects: []string{"walcast.change.>", "walcast.message.>", "walcast.resync"}, Duplicates: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	return js

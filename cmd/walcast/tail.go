@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
@@ -171,6 +172,9 @@ func tailNATS(ctx context.Context, cfg bus.NATSConfig, subject string, p *printe
 		case <-ctx.Done():
 			return nil
 		case m := <-msgs:
+			if strings.HasSuffix(m.Subject, ".position") && len(m.Data) == 0 && m.Header.Get(bus.HeaderSeq) != "" {
+				continue // the publisher's position (bus.PositionSubject), not an entry
+			}
 			if err := p.print(m.Data); err != nil {
 				return finish(err)
 			}

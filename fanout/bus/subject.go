@@ -207,6 +207,8 @@ func unhex(c byte) int {
 //   - logical decoding messages: <prefix>.message.<message prefix>;
 //   - resync entries: <prefix>.resync.
 //
+// The publisher's position (PositionSubject) has a subject of its own.
+//
 // entity is the envelope's entity (decoder.EntityName for tables). With a
 // prefix that passes CheckPrefix the subject is at most MaxSubjectBytes.
 func Subject(prefix string, op decoder.Op, entity, tenant string, hasTenant bool) string {
@@ -218,6 +220,12 @@ func Subject(prefix string, op decoder.Op, entity, tenant string, hasTenant bool
 	}
 	return entityBase(prefix, entity) + "." + TenantToken(tenant, hasTenant)
 }
+
+// PositionSubject carries the publisher's position: a message with no body
+// whose Walcast-Seq is the seq of the last entry published before it and
+// whose Walcast-Epoch is the journal epoch. Sync nodes use it to move quiet
+// subscribers' positions (DESIGN §6). No journal entry is published on it.
+func PositionSubject(prefix string) string { return prefix + ".position" }
 
 // TenantOf returns the tenant token of a change subject built by Subject
 // (its last token), or false when subject is not one.

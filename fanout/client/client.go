@@ -486,6 +486,12 @@ func (c *Client) session(conn *websocket.Conn) error {
 			if st != nil && st.cursor == "" {
 				st.cursor = f.Cursor
 			}
+		case "position":
+			// The topic was quiet: nothing of ours up to this cursor, so
+			// a reconnect resumes from here (dedup by seq is unchanged).
+			if st != nil {
+				st.cursor = f.Cursor
+			}
 		case "replay-gap":
 			if st != nil {
 				// Resubscribe from the last change we were given (ours may

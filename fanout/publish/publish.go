@@ -46,6 +46,10 @@ type Config struct {
 	// while publishing; default 250ms. It is also saved whenever the
 	// publisher catches up.
 	RecordInterval time.Duration
+	// PositionInterval is the most often the publisher's position is
+	// published on bus.PositionSubject while it publishes (once more when
+	// it has caught up); default 1 s.
+	PositionInterval time.Duration
 	Logger         *slog.Logger
 }
 
@@ -72,6 +76,8 @@ type Publisher struct {
 	horizon    atomic.Int64 // journal horizon at the last read
 	epoch      int64        // the journal epoch of the last read; owned by Run
 	epochKnown bool         // owned by Run
+	posSent    int64        // the position last published on bus.PositionSubject; owned by Run
+	posAt      time.Time    // when; owned by Run
 	count      atomic.Uint64
 	oversize   atomic.Uint64
 
@@ -128,6 +134,9 @@ func New(cfg Config, j *journal.Journal, nc *nats.Conn) *Publisher {
 	}
 	if cfg.RecordInterval <= 0 {
 		cfg.RecordInterval = 250 * time.Millisecond
+	}
+	if cfg.PositionInterval <= 0 {
+		cfg.PositionInterval = time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -220,6 +229,7 @@ func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
 			"epoch", journal.EpochHex(lg.Epoch), "first_seq", lg.EpochSeq, "was_at", pos)
 		p.epoch = lg.Epoch
 		p.savedPos = min(p.savedPos, lg.EpochSeq-1)
+		p.posSent = 0
 		p.published.Store(lg.EpochSeq - 1)
 		return lg.EpochSeq - 1, nil
 	}
@@ -232,14 +242,24 @@ func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
 		if lg.Horizon > pos && pos < lg.Floor-1 {
 			return lg.Floor - 1, p.j.SetPublished(ctx, lg.Floor-1)
 		}
-		// Caught up: make sure the saved position is current.
+		// Caught up: tell sync nodes where the stream stands (at most
+		// every PositionInterval; until then the wait below is cut short
+		// so the last position goes out on time), and make sure the saved
+		// position is current.
+		if err := p.position(pos); err != nil {
+			return pos, err
+		}
+		wait := 30 * time.Second
+		if pos > p.posSent {
+			wait = max(time.Millisecond, p.cfg.PositionInterval-time.Since(p.posAt))
+		}
 		if saved := p.savedPos; saved < pos {
 			if err := p.record(ctx, pos); err != nil {
 				return pos, err
 			}
 		}
 		// Caught up: wait for the next append (LISTEN/NOTIFY).
-		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		wctx, cancel := context.WithTimeout(ctx, wait)
 		defer cancel()
 		if _, err := p.j.Wait(wctx, lg.Horizon); err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
 			return pos, err
@@ -280,6 +300,9 @@ func (p *Publisher) publish(ctx context.Context, pos int64, entries []journal.En
 	}
 	last := entries[len(entries)-1].Seq
 	p.published.Store(last)
+	if err := p.position(last); err != nil {
+		return pos, err
+	}
 	// The position recorded in the journal is only where a restarted
 	// publisher resumes (republished copies carry the same Msg-Id), so it is
 	// saved at most every RecordInterval, after a flush proves the server
@@ -290,6 +313,24 @@ func (p *Publisher) publish(ctx context.Context, pos int64, entries []journal.En
 		}
 	}
 	return last, nil
+}
+
+// position publishes seq as the publisher's position on bus.PositionSubject
+// when it moved since the last one, at most every PositionInterval. It
+// follows every entry up to seq on the same connection, so a node that has
+// handled it has handled them (nats.go's Barrier; fanout/sync).
+func (p *Publisher) position(seq int64) error {
+	if seq <= p.posSent || !p.epochKnown || time.Since(p.posAt) < p.cfg.PositionInterval {
+		return nil
+	}
+	m := nats.NewMsg(bus.PositionSubject(p.cfg.Prefix))
+	m.Header.Set(bus.HeaderSeq, strconv.FormatInt(seq, 10))
+	m.Header.Set(bus.HeaderEpoch, journal.EpochHex(p.epoch))
+	if err := p.nc.PublishMsg(m); err != nil {
+		return fmt.Errorf("publish the position %d: %w", seq, err)
+	}
+	p.posSent, p.posAt = seq, time.Now()
+	return nil
 }
 
 // errReconnected reports a reconnect since the last saved position.

@@ -101,10 +101,12 @@ func (f *pubFixture) connect() *nats.Conn {
 	return nc
 }
 
-// collector records every message on walcast.> in arrival order.
+// collector records every message on walcast.> in arrival order; the
+// publisher's position messages go to positions.
 type collector struct {
-	mu   sync.Mutex
-	msgs []*nats.Msg
+	mu        sync.Mutex
+	msgs      []*nats.Msg
+	positions []*nats.Msg
 }
 
 func (f *pubFixture) subscribe(nc *nats.Conn) *collector {
@@ -112,7 +114,11 @@ func (f *pubFixture) subscribe(nc *nats.Conn) *collector {
 	c := &collector{}
 	if _, err := nc.Subscribe("walcast.>", func(m *nats.Msg) {
 		c.mu.Lock()
-		c.msgs = append(c.msgs, m)
+		if m.Subject == bus.PositionSubject("walcast") {
+			c.positions = append(c.positions, m)
+		} else {
+			c.msgs = append(c.msgs, m)
+		}
 		c.mu.Unlock()
 	}); err != nil {
 		f.t.Fatal(err)
@@ -205,7 +211,7 @@ func TestPublishSurvivesNATSOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := jsc.AddStream(&nats.StreamConfig{Name: "WALCAST", Subjects: []string{"walcast.>"}, Duplicates: time.Hour}); err != nil {
+	if _, err := jsc.AddStream(&nats.StreamConfig{Name: "WALCAST", Subjects: []string{"walcast.change.>", "walcast.message.>", "walcast.resync"}, Duplicates: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	f.startPublisher(f.connect())
@@ -299,5 +305,40 @@ func TestOversizeEnvelope(t *testing.T) {
 	var env decoder.Envelope
 	if err := json.Unmarshal(msgs[1].Data, &env); err != nil || env.Seq != 2 || env.Oversize {
 		t.Fatalf("next change: %s (%v)", msgs[1].Data, err)
+	}
+}
+
+// TestPublishPosition: the publisher publishes its position after the
+// entries it covers, on the same connection: a subscriber of walcast.> sees
+// every entry up to a position's seq before the position. When it has
+// caught up the last position equals the horizon.
+func TestPublishPosition(t *testing.T) {
+	f := newPubFixture(t)
+	col := f.subscribe(f.connect())
+	f.startPublisher(f.connect())
+	for i := 1; i <= 300; i++ {
+		f.appendTx(change(0, "public.orders", decoder.OpInsert, i, "", ""))
+	}
+	last := func() int64 {
+		col.mu.Lock()
+		defer col.mu.Unlock()
+		if len(col.positions) == 0 {
+			return 0
+		}
+		n, _ := strconv.ParseInt(col.positions[len(col.positions)-1].Header.Get(bus.HeaderSeq), 10, 64)
+		return n
+	}
+	waitUntil(t, "the position at the horizon", 20*time.Second, func() bool { return last() == 300 })
+	col.mu.Lock()
+	defer col.mu.Unlock()
+	// Order across subjects on one connection is the publish order: count
+	// the entries that arrived before each position by replaying arrival.
+	if len(col.positions) > 100 {
+		t.Fatalf("%d position messages for 300 entries: not rate limited", len(col.positions))
+	}
+	for _, p := range col.positions {
+		if p.Header.Get(bus.HeaderEpoch) != "0000000000000000" || len(p.Data) != 0 || p.Header.Get(bus.HeaderMsgID) != "" {
+			t.Fatalf("position message %v %q", p.Header, p.Data)
+		}
 	}
 }

@@ -5,9 +5,15 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/fanout/bus"
 	"github.com/walcast/walcast/journal"
 	"github.com/walcast/walcast/journal/journaltest"
 )
@@ -129,5 +135,104 @@ func TestSyncEpochStragglerIgnored(t *testing.T) {
 	waitFor(t, "the straggler counted", func() bool { return e.node.Stats().EpochIgnored == 1 })
 	if s := e.node.Stats(); s.EpochChanges != 0 {
 		t.Fatalf("a straggler switched the node: %+v", s)
+	}
+}
+
+// position publishes the publisher's position seq (epoch 0), as the
+// publisher does after the entries it covers.
+func (e *syncEnv) position(seq int64) {
+	e.t.Helper()
+	m := nats.NewMsg(bus.PositionSubject("walcast"))
+	m.Header.Set(bus.HeaderSeq, strconv.FormatInt(seq, 10))
+	m.Header.Set(bus.HeaderEpoch, journal.EpochHex(0))
+	if err := e.pub.PublishMsg(m); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.pub.Flush(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// TestSyncQuietTopicPosition: a tenant that sees none of the changes made
+// while it is connected keeps a current cursor. Before position frames its
+// cursor stayed at its subscription, so once retention pruned past it a
+// reconnect got a resync though the client had missed nothing. Now the
+// publisher's position moves the member, the client gets a position frame
+// after its pong, and reconnecting with that cursor is a plain subscribe.
+func TestSyncQuietTopicPosition(t *testing.T) {
+	e := newSyncEnv(t)
+	tok := token(t, []string{orders}, "quiet", time.Hour)
+	c := e.mustDial(tok)
+	c.sub(orders, "")
+	start := c.expect("subscribed").Cursor
+	e.topicLive(orders, 1)
+
+	var last journal.Entry
+	for i := range 20 {
+		es := e.commit(row{entity: orders, op: decoder.OpInsert, id: i, tenant: "busy", state: decoder.TenantKnown},
+			ins("public.items", i))
+		last = es[len(es)-1]
+	}
+	e.position(last.Seq)
+	waitFor(t, "the member moved", func() bool { return e.node.stats.positionsMoved.Load() >= 1 })
+	c.send(map[string]string{"t": "ping"})
+	c.expect("pong")
+	p := c.expect("position")
+	pos, err := e.j.CursorPosition(p.Cursor)
+	if err != nil || p.Topic != orders || pos != last.Seq {
+		t.Fatalf("position frame %+v at %d (%v), want %d", p, pos, err, last.Seq)
+	}
+	// Nothing new: the next pong brings no position frame (the pong of a
+	// second ping would come after it).
+	c.send(map[string]string{"t": "ping"})
+	c.expect("pong")
+	c.send(map[string]string{"t": "ping"})
+	c.expect("pong")
+
+	if _, err := e.j.Prune(syncCtx(t), journal.Retention{MaxRows: 1}); err != nil {
+		t.Fatal(err)
+	}
+	c2 := e.mustDial(tok)
+	c2.sub(orders, p.Cursor)
+	if f := c2.expect("subscribed"); f.T != "subscribed" {
+		t.Fatalf("got %+v", f)
+	}
+	c3 := e.mustDial(tok)
+	c3.sub(orders, start) // the cursor it held before: pruned past, a resync
+	c3.expect("subscribed")
+	c3.expect("resync")
+	mine := e.commit(row{entity: orders, op: decoder.OpInsert, id: 99, tenant: "quiet", state: decoder.TenantKnown})[0]
+	for i, cc := range []*wsConn{c, c2} {
+		f, err := cc.tryRead(10 * time.Second)
+		if err != nil || f.T != "change" || f.env.Seq != mine.Seq {
+			t.Fatalf("socket %d: got %+v %v", i, f, err)
+		}
+	}
+}
+
+// TestSyncPositionWaitsForQueuedMessages: a position reaches the node on
+// its own subscription, possibly before the entity's subscription has
+// handled the messages published before it. The barrier holds the move
+// until they are handled, so no change at or below the position is skipped.
+func TestSyncPositionWaitsForQueuedMessages(t *testing.T) {
+	e := newSyncEnv(t)
+	c := e.mustDial(token(t, []string{orders}, "", time.Hour))
+	c.sub(orders, "")
+	c.expect("subscribed")
+	e.topicLive(orders, 1)
+	var want []int64
+	for round := range 20 {
+		es := e.appendRows(ins(orders, round*3), ins(orders, round*3+1), ins(orders, round*3+2))
+		for _, en := range es {
+			if err := e.pub.PublishMsg(publishedMsg("walcast", e.j.ID(), en)); err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, en.Seq)
+		}
+		e.position(es[len(es)-1].Seq) // flushes
+	}
+	got := seqsOf(c.expectChanges(len(want)))
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
 	}
 }

@@ -25,6 +25,7 @@ type syncStats struct {
 	lagCloses        atomic.Int64 // sockets closed for MaxLag (tests)
 	epochChanges     atomic.Int64 // journal epoch changes the node followed
 	epochIgnored     atomic.Int64 // messages of another epoch ignored
+	positionsMoved   atomic.Int64 // member positions moved by publisher positions (tests)
 
 	mu       sync.Mutex       // guards the following fields
 	closed   map[string]int64 // close reason → sockets

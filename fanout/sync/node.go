@@ -330,6 +330,11 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		n.cancel()
 		return nil, fmt.Errorf("sync: subscribe to resync entries: %w", err)
 	}
+	if _, err := nc.Subscribe(bus.PositionSubject(cfg.SubjectPrefix), n.onPosition); err != nil {
+		nc.Close()
+		n.cancel()
+		return nil, fmt.Errorf("sync: subscribe to the publisher's position: %w", err)
+	}
 	if err := nc.FlushTimeout(5 * time.Second); err != nil {
 		nc.Close()
 		n.cancel()
@@ -608,6 +613,7 @@ type member struct {
 	pos    int64 // the seq of the last entry delivered (or scanned) for this scope
 	epoch  int64 // the journal epoch pos is in (epoch.go)
 	repair bool  // catching up must read once more before going live
+	quiet  bool  // pos was moved by a publisher position the client has not been told of (position.go)
 }
 
 // join adds m to its entity's topic, subscribing to NATS first if the
@@ -835,7 +841,7 @@ func visible(scope, tenant string, unknown bool) bool {
 // after the replay-gap its socket sends once drained. t.mu is held.
 func (m *member) deliverLocked(f *frame, seq int64) {
 	if m.s.enqueue(f, m) {
-		m.pos = seq
+		m.pos, m.quiet = seq, false
 		return
 	}
 	if m.state != memberGone {

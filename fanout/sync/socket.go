@@ -309,6 +309,7 @@ func (s *socket) handle(b []byte) {
 	switch f.T {
 	case "ping":
 		s.enqueue(pongFrame, nil)
+		s.sendPositions()
 	case "sub":
 		s.subscribe(f.Topic, f.Cursor)
 	case "refresh":
