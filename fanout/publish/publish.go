@@ -50,7 +50,7 @@ type Config struct {
 	// published on bus.PositionSubject while it publishes (once more when
 	// it has caught up); default 1 s.
 	PositionInterval time.Duration
-	Logger         *slog.Logger
+	Logger           *slog.Logger
 }
 
 // Publisher publishes journaled envelopes to NATS in seq order. It runs beside
