@@ -7,7 +7,7 @@ import (
 )
 
 // ops lists the operations Counters counts, in index order.
-var ops = [...]Op{OpInsert, OpUpdate, OpDelete, OpTruncate, OpMessage, OpQuarantine, OpResync}
+var ops = [...]Op{OpInsert, OpUpdate, OpDelete, OpTruncate, OpMessage, OpQuarantine, OpRead, OpSnapshotBegin, OpSnapshotEnd, OpResync}
 
 // opIndex maps an Op to its slot in EntityCounters; -1 for an unknown one.
 func opIndex(op Op) int {
@@ -24,8 +24,14 @@ func opIndex(op Op) int {
 		return 4
 	case OpQuarantine:
 		return 5
-	case OpResync:
+	case OpRead:
 		return 6
+	case OpSnapshotBegin:
+		return 7
+	case OpSnapshotEnd:
+		return 8
+	case OpResync:
+		return 9
 	}
 	return -1
 }

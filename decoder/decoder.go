@@ -16,6 +16,13 @@ type Config struct {
 	// prefix starts with it become envelopes (DESIGN §4.11). Default
 	// "walcast.".
 	MessagePrefix string
+	// ControlPrefix names the logical decoding messages that are walcast's
+	// own control signals (snapshot watermarks): a transactional message
+	// whose prefix equals it exactly is never an envelope, whatever
+	// MessagePrefix says; its content is carried on the committed
+	// Transaction (Controls) at its place in commit order. A
+	// non-transactional one is dropped. Empty: none.
+	ControlPrefix string
 	// TenantColumn, when set, names the column hoisted into "tenant".
 	TenantColumn string
 	// MemoryBudget bounds, in bytes, the encoded changes of all in-progress
@@ -640,10 +647,27 @@ func (d *Decoder) message(w *wire, lsn LSN) error {
 		return nil
 	}
 	content := w.bytes(int(n))
-	if !w.ok() || !hasPrefix(prefix, d.cfg.MessagePrefix) {
+	if !w.ok() {
 		return nil
 	}
 	transactional := flags&1 != 0
+	if d.cfg.ControlPrefix != "" && string(prefix) == d.cfg.ControlPrefix {
+		var tx *txState
+		switch {
+		case !transactional:
+		case d.inStream:
+			tx = d.streamTx
+		case d.cur != nil:
+			tx = d.cur
+		}
+		if tx != nil {
+			tx.controls = append(tx.controls, append([]byte(nil), content...))
+		}
+		return nil
+	}
+	if !hasPrefix(prefix, d.cfg.MessagePrefix) {
+		return nil
+	}
 	var tx *txState
 	switch {
 	case !transactional:

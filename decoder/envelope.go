@@ -149,6 +149,11 @@ const (
 	OpTruncate Op = "truncate"
 	OpMessage  Op = "message"
 	OpResync   Op = "resync"
+	// Snapshots (see RowEncoder): a row read from a table, carried like an
+	// insert, and the markers that bracket one table's snapshot.
+	OpRead          Op = "read"
+	OpSnapshotBegin Op = "snapshot-begin"
+	OpSnapshotEnd   Op = "snapshot-end"
 )
 
 // TenantState says how a change's tenant is known.
@@ -240,7 +245,14 @@ type Transaction struct {
 	// they were written (spillCounted false: too many groups, not kept).
 	spillCounts  []spillCount
 	spillCounted bool
+
+	controls [][]byte // Config.ControlPrefix message contents, in order
 }
+
+// Controls returns the contents of the transaction's control messages
+// (Config.ControlPrefix), in the order they were emitted; nil when none.
+// They are not changes: Len does not count them.
+func (tx *Transaction) Controls() [][]byte { return tx.controls }
 
 // spillCount is a spilled transaction's number of changes of one entity and op.
 type spillCount struct {

@@ -17,9 +17,13 @@ const (
 	opTruncate
 	opMessage
 	opQuarantine
+	opRead
+	opSnapshotBegin
+	opSnapshotEnd
 )
 
-var opNames = [...]Op{opInsert: OpInsert, opUpdate: OpUpdate, opDelete: OpDelete, opTruncate: OpTruncate, opMessage: OpMessage, opQuarantine: OpQuarantine}
+var opNames = [...]Op{opInsert: OpInsert, opUpdate: OpUpdate, opDelete: OpDelete, opTruncate: OpTruncate, opMessage: OpMessage, opQuarantine: OpQuarantine,
+	opRead: OpRead, opSnapshotBegin: OpSnapshotBegin, opSnapshotEnd: OpSnapshotEnd}
 
 // rec is one buffered change. Its tail — the envelope from `,"entity":` to
 // the closing brace — lives in the transaction's arena (or its spill file);
@@ -77,6 +81,8 @@ type txState struct {
 	// set once it outgrows maxSpillKeys.
 	spillN    map[spillKey]int
 	spillOver bool
+	// controls are the contents of Config.ControlPrefix messages, in order.
+	controls [][]byte
 }
 
 // spillKey groups a spilled transaction's changes for CountChanges.
@@ -372,7 +378,7 @@ func (d *Decoder) drop(tx *txState) error {
 
 // finish turns tx into a committed Transaction and queues it.
 func (d *Decoder) finish(tx *txState, commitLSN, endLSN LSN, ts time.Time) error {
-	out := &Transaction{Xid: tx.xid, CommitLSN: commitLSN, EndLSN: endLSN, CommitTime: ts, n: tx.n}
+	out := &Transaction{Xid: tx.xid, CommitLSN: commitLSN, EndLSN: endLSN, CommitTime: ts, n: tx.n, controls: tx.controls}
 	head := appendHead(nil, tx.xid, endLSN, ts)
 	if tx.sp != nil {
 		if !tx.spillOver {

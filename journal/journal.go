@@ -241,8 +241,8 @@ func (j *Journal) Schema() string { return j.schema }
 
 // statements holds the SQL with the schema's quoted name spliced in.
 type statements struct {
-	meta, retention, entitySeqs, entries, published, migrations, epochs string
-	entriesIdent                                                        pgx.Identifier
+	meta, retention, entitySeqs, entries, published, migrations, epochs, snapshots string
+	entriesIdent                                                                   pgx.Identifier
 }
 
 func newStatements(schema string) statements {
@@ -255,6 +255,7 @@ func newStatements(schema string) statements {
 		published:    q("published"),
 		migrations:   q("migrations"),
 		epochs:       q("epochs"),
+		snapshots:    q("snapshots"),
 		entriesIdent: pgx.Identifier{schema, "entries"},
 	}
 }
@@ -326,6 +327,27 @@ CREATE TABLE %[1]s.epochs (
 );
 COMMENT ON TABLE %[1]s.epochs IS 'walcast journal: every epoch, from its first seq (the entries from first_seq up to the next epoch''s first_seq belong to it)';
 INSERT INTO %[1]s.epochs (epoch, first_seq, reason) VALUES (0, 1, 'journal created');
+`,
+	3: `
+CREATE TABLE %[1]s.snapshots (
+	id               bigserial   PRIMARY KEY,
+	table_schema     text        NOT NULL,
+	table_name       text        NOT NULL,
+	where_sql        text        NOT NULL DEFAULT '',
+	chunk_size       integer     NOT NULL DEFAULT 4096 CHECK (chunk_size BETWEEN 1 AND 100000),
+	status           text        NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'running', 'done', 'cancelled', 'failed')),
+	cancel_requested boolean     NOT NULL DEFAULT false,
+	last_key         text[],
+	rows             bigint      NOT NULL DEFAULT 0,
+	chunks           bigint      NOT NULL DEFAULT 0,
+	error            text        NOT NULL DEFAULT '',
+	requested_at     timestamptz NOT NULL DEFAULT now(),
+	started_at       timestamptz,
+	updated_at       timestamptz,
+	finished_at      timestamptz
+);
+CREATE INDEX snapshots_open ON %[1]s.snapshots (id) WHERE status IN ('pending', 'running');
+COMMENT ON TABLE %[1]s.snapshots IS 'walcast snapshots: one row per request (INSERT (table_schema, table_name[, where_sql, chunk_size]) to ask for one, from any transaction); the active walcast run takes them in id order; last_key, rows and chunks advance in the journal transaction that carries each chunk';
 `,
 }
 

@@ -28,6 +28,9 @@ type appendOpts struct {
 	// (a resync that resets the history); epochReason is recorded with it.
 	epoch       int64
 	epochReason string
+	// snapshots are progress records written with the batch (see
+	// AppendSnapshot).
+	snapshots []SnapshotProgress
 }
 
 // ErrUnencodable is in the chain of an append error caused by a change the
@@ -307,6 +310,12 @@ func (j *Journal) finishSQL(src *copySource, o appendOpts, gen, nextSeq, wm, new
 	if len(ins) > 0 {
 		b.WriteString(", n AS (INSERT INTO " + j.sql.entitySeqs + " AS s (entity, last_seq, tenanted) VALUES " + strings.Join(ins, ",") +
 			" ON CONFLICT (entity) DO UPDATE SET last_seq = excluded.last_seq, tenanted = s.tenanted OR excluded.tenanted)")
+	}
+	for n, p := range o.snapshots {
+		if int64(p.EndLSN) <= wm && !o.force {
+			continue // its transaction was skipped as a replay
+		}
+		b.WriteString(", s" + i(int64(n)) + " AS (" + j.snapshotProgressSQL(p) + ")")
 	}
 	b.WriteString(" SELECT 1 / (SELECT count(*)::integer FROM u)")
 	if src.next > nextSeq {

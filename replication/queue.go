@@ -6,12 +6,14 @@ import (
 	"time"
 
 	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/journal"
 )
 
 // queueItem is a committed transaction to journal, or (tx nil) a position
 // to advance the watermark to.
 type queueItem struct {
 	tx      *decoder.Transaction
+	snap    *journal.SnapshotProgress // journaled with tx (a snapshot chunk); nil for others
 	advance decoder.LSN
 	changes int
 	bytes   int64 // tx.MemBytes(): what the item holds in memory
@@ -102,7 +104,11 @@ func signal(ch chan struct{}) {
 }
 
 // push appends committed transactions in commit order.
-func (q *queue) push(txs []*decoder.Transaction) {
+func (q *queue) push(txs []*decoder.Transaction) { q.pushWith(txs, nil) }
+
+// pushWith is push with the snapshot progress records to journal with some
+// of the transactions (nil: none).
+func (q *queue) pushWith(txs []*decoder.Transaction, progress map[*decoder.Transaction]*journal.SnapshotProgress) {
 	// MemBytes walks an in-memory transaction's changes: outside the lock.
 	var sizes [16]int64
 	sz := sizes[:0]
@@ -111,7 +117,7 @@ func (q *queue) push(txs []*decoder.Transaction) {
 	}
 	q.mu.Lock()
 	for i, tx := range txs {
-		q.items = append(q.items, queueItem{tx: tx, changes: tx.Len(), bytes: sz[i]})
+		q.items = append(q.items, queueItem{tx: tx, snap: progress[tx], changes: tx.Len(), bytes: sz[i]})
 		q.changes += tx.Len()
 		q.bytes += sz[i]
 	}

@@ -24,17 +24,31 @@ func (r *Replicator) stream(ctx context.Context, conn *pgconn.PgConn, gen int64,
 		SkipRelations: r.skipRelations, MessagePrefix: r.cfg.MessagePrefix, TenantColumn: r.cfg.TenantColumn,
 		OnQuarantine: func(reason string) { r.quarantined.add(reason, 1) }, MaxEnvelopeBytes: r.cfg.MaxEnvelopeBytes,
 		MemoryBudget: r.cfg.decoderBudget(), SpillDir: r.cfg.SpillDir, Counters: r.decoded,
+		ControlPrefix: snapshotPrefix,
 	})
 	q := newBoundedQueue(r.cfg.QueueMaxChanges, r.cfg.QueueMaxBytes)
 	wake := &waker{}
 	writerDone := make(chan error, 1)
 	go func() { writerDone <- r.writer(ctx, q, gen, wake) }()
 
-	loop := &streamLoop{r: r, conn: conn, dec: dec, q: q, wake: wake, writerDone: writerDone, statusEvery: statusEvery}
+	// The snapshot worker runs for the session: its watermarks are matched
+	// by this session's loop only.
+	snaps := newSnapshotter(r, gen)
+	sctx, stopSnaps := context.WithCancel(ctx)
+	snapsDone := make(chan struct{})
+	go func() {
+		defer close(snapsDone)
+		snaps.runWorker(sctx)
+	}()
+
+	loop := &streamLoop{r: r, conn: conn, dec: dec, q: q, wake: wake, writerDone: writerDone, statusEvery: statusEvery,
+		snaps: &snapWindows{s: snaps}}
 	if r.skipRelations != nil {
 		loop.advanceSlack = ownWALSlack
 	}
 	err := loop.run(ctx)
+	stopSnaps()
+	<-snapsDone
 
 	// Stop the writer: it finishes the batch in flight (journaled batches are
 	// durable and will be acknowledged below) and drops what is queued, which
@@ -118,6 +132,8 @@ type streamLoop struct {
 	// watermark, while idle, before a keepalive's position is journaled:
 	// ownWALSlack when the journal lives in the source database, else 0.
 	advanceSlack decoder.LSN
+
+	snaps *snapWindows // the loop's side of snapshots
 
 	sentWM      decoder.LSN
 	nextStatus  time.Time
@@ -209,8 +225,10 @@ func (l *streamLoop) handle(ctx context.Context, msg pgproto3.BackendMessage) er
 			}
 			l.txs = l.dec.Committed(l.txs[:0])
 			if len(l.txs) > 0 {
+				var progress map[*decoder.Transaction]*journal.SnapshotProgress
+				l.txs, progress = l.snaps.process(l.txs)
 				if kept := dropEmpty(l.txs); len(kept) > 0 {
-					l.q.push(kept)
+					l.q.pushWith(kept, progress)
 				}
 				clear(l.txs)
 			}
@@ -406,7 +424,11 @@ func (r *Replicator) appendBatch(ctx context.Context, gen int64, batch []queueIt
 	txs := make([]*decoder.Transaction, 0, len(batch))
 	var adv decoder.LSN
 	var newest time.Time
+	var progress []journal.SnapshotProgress
 	for _, it := range batch {
+		if it.snap != nil {
+			progress = append(progress, *it.snap)
+		}
 		if it.tx != nil {
 			txs = append(txs, it.tx)
 			if it.tx.CommitTime.After(newest) {
@@ -417,7 +439,13 @@ func (r *Replicator) appendBatch(ctx context.Context, gen int64, batch []queueIt
 		}
 	}
 	prev := decoder.LSN(r.watermark.Load()) // the journal's watermark: this writer is its only appender
-	res, err := r.j.Append(ctx, gen, txs)
+	var res journal.AppendResult
+	var err error
+	if len(progress) > 0 {
+		res, err = r.j.AppendSnapshot(ctx, gen, txs, progress)
+	} else {
+		res, err = r.j.Append(ctx, gen, txs)
+	}
 	if err != nil {
 		return res, err
 	}

@@ -1,0 +1,105 @@
+package decoder
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestReadIsInsertShaped: a read envelope of a row is byte for byte the
+// insert envelope pgoutput's tuple of the same row decodes to, but for the
+// op — across types whose rules differ (int8 beyond 2^53, numeric, bool,
+// jsonb, bytea, timestamptz, arrays, a domain over jsonb named by its base
+// type), a composite key, NULLs and a tenant.
+func TestReadIsInsertShaped(t *testing.T) {
+	cols := []col{
+		{"org", 25, true}, {"id", 20, true}, {"flag", 16, false}, {"amount", 1700, false}, {"doc", 3802, false},
+		{"raw", 17, false}, {"at", 1184, false}, {"tags", 1007, false}, {"dom", 16500, false}, {"note", 25, false},
+	}
+	row := []any{"acme", "9007199254740993", "t", "12.50", `{"a": [1, null]}`, `\x00ff`, "2026-11-29 23:21:24.123456+00",
+		"{1,2,NULL}", `{"x": 1}`, nil}
+	f := newFeeder(t, Config{TenantColumn: "org"})
+	f.feed(beginMsg(7, 0x2000), typeMsg(false, 0, 16500, "", "jsonb"),
+		relationMsg(false, 0, 1, "public", "t", 'd', cols...), insertMsg(false, 0, 1, row...), commitMsg(0x2000, 0x2010))
+	txs := f.d.Committed(nil)
+	if len(txs) != 1 || txs[0].Len() != 1 {
+		t.Fatalf("want one insert, got %d transactions", len(txs))
+	}
+	it := txs[0].Changes()
+	it.Next()
+	ins := *it.Change()
+	tx := txs[0]
+
+	var infos []ColumnInfo
+	for _, c := range cols {
+		ci := ColumnInfo{Name: c.name, TypeOID: c.oid, Key: c.key}
+		if c.oid == 16500 {
+			ci.BaseSchema, ci.BaseName = "pg_catalog", "jsonb"
+		}
+		infos = append(infos, ci)
+	}
+	enc := NewRowEncoder("public", "t", infos, "org")
+	vals := make([][]byte, len(row))
+	for i, v := range row {
+		if v != nil {
+			vals[i] = []byte(v.(string))
+		}
+	}
+	b := NewTxBuilder(tx.Xid, tx.CommitLSN, tx.EndLSN, tx.CommitTime)
+	b.Marker(ins.LSN, true, SnapshotMarker{ID: 3, Entity: "public.t"})
+	b.Read(enc, ins.LSN, vals)
+	b.Marker(ins.LSN, false, SnapshotMarker{ID: 3, Entity: "public.t", Rows: 1})
+	out := b.Transaction()
+	got := bodies(t, out)
+	if len(got) != 3 {
+		t.Fatalf("want 3 entries, got %d", len(got))
+	}
+	want := strings.Replace(string(ins.Body), `"op":"insert"`, `"op":"read"`, 1)
+	if got[1] != want {
+		t.Fatalf("read envelope differs from the insert's:\nread   %s\ninsert %s", got[1], want)
+	}
+	it = out.Changes()
+	it.Next()
+	it.Next()
+	rd := it.Change()
+	if rd.Op != OpRead || string(rd.Key) != string(ins.Key) || rd.Tenant != "acme" || rd.TenantState != TenantKnown {
+		t.Fatalf("read change fields %+v, insert %+v", rd, ins)
+	}
+	wantEnd := `,"entity":"public.t","op":"snapshot-end","snapshot":{"id":3,"table":"public.t","rows":1}}`
+	if !strings.HasSuffix(got[2], wantEnd) || !strings.Contains(got[0], `"op":"snapshot-begin","snapshot":{"id":3,"table":"public.t"}}`) {
+		t.Fatalf("markers:\n%s\n%s", got[0], got[2])
+	}
+	if v := string(enc.Values(nil, vals, []int{0, 1})); v != `["acme","9007199254740993"]` {
+		t.Fatalf("key values %s", v)
+	}
+
+	// Copy re-heads a decoded change unchanged.
+	c := NewTxBuilder(tx.Xid, tx.CommitLSN, tx.EndLSN, tx.CommitTime)
+	c.Copy(&ins)
+	if cp := bodies(t, c.Transaction()); cp[0] != string(ins.Body) {
+		t.Fatalf("copy %s, want %s", cp[0], ins.Body)
+	}
+}
+
+// TestControlMessagesAreNotEnvelopes: a transactional message whose prefix
+// is the control prefix rides on its transaction (Controls) and never
+// becomes a message envelope, though it also matches MessagePrefix; a
+// rolled-back one never appears.
+func TestControlMessagesAreNotEnvelopes(t *testing.T) {
+	f := newFeeder(t, Config{ControlPrefix: "walcast.snapshot"})
+	f.feed(beginMsg(5, 0x2000), messageMsg(false, 0, true, 0x1f00, "walcast.snapshot", `{"mark":"low"}`),
+		messageMsg(false, 0, true, 0x1f10, "walcast.app", `{"x":1}`), commitMsg(0x2000, 0x2010),
+		messageMsg(false, 0, false, 0x2020, "walcast.snapshot", `{"mark":"nontx"}`))
+	// A streamed transaction with a control message that aborts.
+	f.feed(streamStartMsg(9, true), messageMsg(true, 9, true, 0x2100, "walcast.snapshot", `{"mark":"aborted"}`), streamStopMsg(), streamAbortMsg(9, 9))
+	txs := f.d.Committed(nil)
+	if len(txs) != 1 {
+		t.Fatalf("want 1 transaction, got %d", len(txs))
+	}
+	if cs := txs[0].Controls(); len(cs) != 1 || string(cs[0]) != `{"mark":"low"}` {
+		t.Fatalf("controls %q", cs)
+	}
+	got := bodies(t, txs[0])
+	if len(got) != 1 || !strings.Contains(got[0], `"prefix":"walcast.app"`) {
+		t.Fatalf("envelopes %q", got)
+	}
+}

@@ -1,0 +1,299 @@
+package journal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/walcast/walcast/decoder"
+)
+
+// Snapshots (the snapshots table, migration 3). A request is a row; the
+// active replicator takes open ones (pending, then running) in id order,
+// journals each table's rows in chunks and records its progress — the last
+// chunk's key, rows and chunks journaled — in the same journal transaction
+// as the chunk's entries (AppendSnapshot), so a restart resumes from the
+// last journaled chunk.
+
+// Snapshot statuses.
+const (
+	SnapshotPending   = "pending"
+	SnapshotRunning   = "running"
+	SnapshotDone      = "done"
+	SnapshotCancelled = "cancelled"
+	SnapshotFailed    = "failed"
+)
+
+// Chunk sizes of a snapshot request.
+const (
+	DefaultSnapshotChunkSize = 4096
+	MaxSnapshotChunkSize     = 100000
+)
+
+// SnapshotRequest asks for a snapshot of one table.
+type SnapshotRequest struct {
+	Schema, Table string
+	// Where, when not empty, is an SQL condition on the table's columns
+	// that restricts the rows read (a trusted operator's SQL, spliced into
+	// the snapshot's SELECT).
+	Where string
+	// ChunkSize is the rows per chunk; 0 means DefaultSnapshotChunkSize.
+	ChunkSize int
+}
+
+// Snapshot is a snapshot request and its progress.
+type Snapshot struct {
+	ID              int64      `json:"id"`
+	Schema          string     `json:"schema"`
+	Table           string     `json:"table"`
+	Where           string     `json:"where,omitempty"`
+	ChunkSize       int        `json:"chunkSize"`
+	Status          string     `json:"status"`
+	CancelRequested bool       `json:"cancelRequested,omitempty"`
+	LastKey         []string   `json:"lastKey,omitempty"` // text forms of the last journaled chunk's key columns
+	Rows            int64      `json:"rows"`              // read entries journaled
+	Chunks          int64      `json:"chunks"`            // chunks journaled
+	Error           string     `json:"error,omitempty"`
+	RequestedAt     time.Time  `json:"requestedAt"`
+	StartedAt       *time.Time `json:"startedAt,omitempty"`
+	UpdatedAt       *time.Time `json:"updatedAt,omitempty"`
+	FinishedAt      *time.Time `json:"finishedAt,omitempty"`
+}
+
+// Entity is the snapshot table's entity name.
+func (s Snapshot) Entity() string { return decoder.EntityName(s.Schema, s.Table) }
+
+// ErrSnapshotNotFound: no snapshot matched.
+var ErrSnapshotNotFound = errors.New("no such snapshot")
+
+// RequestSnapshot records a pending snapshot request and returns its id.
+func (j *Journal) RequestSnapshot(ctx context.Context, r SnapshotRequest) (int64, error) {
+	const op = "journal.RequestSnapshot"
+	if r.ChunkSize == 0 {
+		r.ChunkSize = DefaultSnapshotChunkSize
+	}
+	if r.ChunkSize < 1 || r.ChunkSize > MaxSnapshotChunkSize {
+		return 0, opErr(op, fmt.Errorf("chunk size %d is out of range", r.ChunkSize),
+			"give a chunk size from 1 to "+strconv.Itoa(MaxSnapshotChunkSize))
+	}
+	if r.Schema == "" || r.Table == "" {
+		return 0, opErr(op, errors.New("no table given"), "name the table as schema.table")
+	}
+	var id int64
+	err := j.queryRow(ctx, "INSERT INTO "+j.sql.snapshots+" (table_schema, table_name, where_sql, chunk_size) VALUES ($1, $2, $3, $4) RETURNING id",
+		[]any{r.Schema, r.Table, r.Where, r.ChunkSize}, &id)
+	if err != nil {
+		return 0, opErr(op, err, "check --journal-url and --journal-schema (the journal is created by the first walcast run)")
+	}
+	return id, nil
+}
+
+const snapshotCols = `id, table_schema, table_name, where_sql, chunk_size, status, cancel_requested, last_key, rows, chunks, error,
+	requested_at, started_at, updated_at, finished_at`
+
+func scanSnapshot(r pgx.Row) (Snapshot, error) {
+	var s Snapshot
+	err := r.Scan(&s.ID, &s.Schema, &s.Table, &s.Where, &s.ChunkSize, &s.Status, &s.CancelRequested, &s.LastKey, &s.Rows, &s.Chunks, &s.Error,
+		&s.RequestedAt, &s.StartedAt, &s.UpdatedAt, &s.FinishedAt)
+	return s, err
+}
+
+// Snapshots lists snapshot requests, newest first: all of them, or (open)
+// only pending and running ones. limit <= 0 means 100.
+func (j *Journal) Snapshots(ctx context.Context, open bool, limit int) ([]Snapshot, error) {
+	const op = "journal.Snapshots"
+	if limit <= 0 {
+		limit = 100
+	}
+	q := "SELECT " + snapshotCols + " FROM " + j.sql.snapshots
+	if open {
+		q += " WHERE status IN ('pending', 'running')"
+	}
+	q += " ORDER BY id DESC LIMIT " + strconv.Itoa(limit)
+	ctx, cancel := j.callCtx(ctx)
+	defer cancel()
+	c, err := j.pool.acquire(ctx)
+	if err != nil {
+		return nil, opErr(op, err, "")
+	}
+	defer j.pool.release(c)
+	rows, err := c.Query(ctx, q)
+	if err != nil {
+		return nil, opErr(op, err, "check --journal-url and --journal-schema")
+	}
+	defer rows.Close()
+	var out []Snapshot
+	for rows.Next() {
+		s, err := scanSnapshot(rows)
+		if err != nil {
+			return nil, opErr(op, err, "")
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, opErr(op, err, "")
+	}
+	return out, nil
+}
+
+// SnapshotByID returns one snapshot request.
+func (j *Journal) SnapshotByID(ctx context.Context, id int64) (Snapshot, error) {
+	ctx, cancel := j.callCtx(ctx)
+	defer cancel()
+	c, err := j.pool.acquire(ctx)
+	if err != nil {
+		return Snapshot{}, opErr("journal.SnapshotByID", err, "")
+	}
+	defer j.pool.release(c)
+	s, err := scanSnapshot(c.QueryRow(ctx, "SELECT "+snapshotCols+" FROM "+j.sql.snapshots+" WHERE id = $1", id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Snapshot{}, opErr("journal.SnapshotByID", fmt.Errorf("%w: id %d", ErrSnapshotNotFound, id), "list them with 'walcast snapshot status'")
+	}
+	if err != nil {
+		return Snapshot{}, opErr("journal.SnapshotByID", err, "")
+	}
+	return s, nil
+}
+
+// NextSnapshot returns the open snapshot the replicator should work on: the
+// oldest running one, else the oldest pending one. ok is false when there
+// is none.
+func (j *Journal) NextSnapshot(ctx context.Context) (s Snapshot, ok bool, err error) {
+	ctx, cancel := j.callCtx(ctx)
+	defer cancel()
+	c, err := j.pool.acquire(ctx)
+	if err != nil {
+		return Snapshot{}, false, opErr("journal.NextSnapshot", err, "")
+	}
+	defer j.pool.release(c)
+	s, err = scanSnapshot(c.QueryRow(ctx, "SELECT "+snapshotCols+" FROM "+j.sql.snapshots+
+		" WHERE status IN ('pending', 'running') ORDER BY status = 'running' DESC, id LIMIT 1"))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Snapshot{}, false, nil
+	}
+	if err != nil {
+		return Snapshot{}, false, opErr("journal.NextSnapshot", err, "")
+	}
+	return s, true, nil
+}
+
+// CancelSnapshots asks open snapshots to stop: the one with id, or (id 0)
+// every open one of schema.table. A pending one is cancelled at once
+// (nothing of it was journaled); a running one is marked cancel_requested,
+// and the replicator journals its snapshot-end (cancelled) and sets its
+// status. It returns the snapshots it changed.
+func (j *Journal) CancelSnapshots(ctx context.Context, id int64, schema, table string) ([]Snapshot, error) {
+	const op = "journal.CancelSnapshots"
+	ctx, cancel := j.callCtx(ctx)
+	defer cancel()
+	c, err := j.pool.acquire(ctx)
+	if err != nil {
+		return nil, opErr(op, err, "")
+	}
+	defer j.pool.release(c)
+	rows, err := c.Query(ctx, `UPDATE `+j.sql.snapshots+` SET
+		status = CASE WHEN status = 'pending' THEN 'cancelled' ELSE status END,
+		finished_at = CASE WHEN status = 'pending' THEN now() ELSE finished_at END,
+		cancel_requested = status = 'running', updated_at = now()
+		WHERE status IN ('pending', 'running') AND (id = $1 OR ($1 = 0 AND table_schema = $2 AND table_name = $3))
+		RETURNING `+snapshotCols, id, schema, table)
+	if err != nil {
+		return nil, opErr(op, err, "check --journal-url and --journal-schema")
+	}
+	defer rows.Close()
+	var out []Snapshot
+	for rows.Next() {
+		s, err := scanSnapshot(rows)
+		if err != nil {
+			return nil, opErr(op, err, "")
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, opErr(op, err, "")
+	}
+	return out, nil
+}
+
+// fencedSnapshotSQL guards a replicator's update of the snapshots table
+// with its generation, like appends: a fenced-out replicator changes nothing.
+func (j *Journal) fencedUpdate(ctx context.Context, op string, gen int64, set string, args ...any) error {
+	args = append([]any{gen}, args...)
+	tag, err := j.exec(ctx, "UPDATE "+j.sql.snapshots+" SET "+set+", updated_at = now() WHERE id = $2 AND EXISTS (SELECT 1 FROM "+
+		j.sql.meta+" WHERE generation = $1 AND $1 > 0)", args...)
+	if err != nil {
+		return opErr(op, err, "")
+	}
+	if tag.RowsAffected() == 0 {
+		if g, gerr := j.Generation(ctx); gerr == nil && g != gen {
+			return fencedErr(op, gen)
+		}
+		return opErr(op, fmt.Errorf("%w: id %v", ErrSnapshotNotFound, args[1]), "")
+	}
+	return nil
+}
+
+// StartSnapshot marks a pending snapshot running. Fenced like Append.
+func (j *Journal) StartSnapshot(ctx context.Context, gen, id int64) error {
+	return j.fencedUpdate(ctx, "journal.StartSnapshot", gen,
+		"status = CASE WHEN status = 'pending' THEN 'running' ELSE status END, started_at = coalesce(started_at, now())", id)
+}
+
+// FailSnapshot marks a snapshot failed with an operator-facing reason (what
+// happened and how to fix it). Fenced like Append.
+func (j *Journal) FailSnapshot(ctx context.Context, gen, id int64, reason string) error {
+	return j.fencedUpdate(ctx, "journal.FailSnapshot", gen, "status = 'failed', error = $3, finished_at = now()", id, reason)
+}
+
+// SnapshotProgress is a snapshot's progress as of one journaled chunk,
+// written by AppendSnapshot in the transaction that journals the chunk.
+type SnapshotProgress struct {
+	ID int64
+	// EndLSN is the commit end LSN of the transaction carrying the chunk's
+	// entries: when that transaction is skipped as a replay, so is this.
+	EndLSN  decoder.LSN
+	LastKey []string // nil: unchanged
+	Rows    int64    // read entries journaled in all, after this chunk
+	Chunks  int64
+	// Status is SnapshotRunning, or SnapshotDone / SnapshotCancelled with
+	// the chunk that carries the snapshot-end entry.
+	Status string
+}
+
+// snapshotProgressSQL is a data-modifying statement for finishSQL's WITH
+// list; values are inlined as there (numbers by strconv, text as hex).
+func (j *Journal) snapshotProgressSQL(p SnapshotProgress) string {
+	i := func(v int64) string { return strconv.FormatInt(v, 10) }
+	var b strings.Builder
+	b.WriteString("UPDATE " + j.sql.snapshots + " SET rows = " + i(p.Rows) + ", chunks = " + i(p.Chunks) + ", updated_at = now()")
+	if p.LastKey != nil {
+		b.WriteString(", last_key = ARRAY[")
+		for n, k := range p.LastKey {
+			if n > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(textLit(k))
+		}
+		b.WriteString("]::text[]")
+	}
+	switch p.Status {
+	case SnapshotDone, SnapshotCancelled:
+		b.WriteString(", status = " + textLit(p.Status) + ", finished_at = now()")
+	default:
+		b.WriteString(", status = 'running', started_at = coalesce(started_at, now())")
+	}
+	b.WriteString(" WHERE id = " + i(p.ID))
+	return b.String()
+}
+
+// AppendSnapshot is Append that also records snapshot progress in the same
+// journal transaction: each record applies unless its transaction is
+// skipped as a replay.
+func (j *Journal) AppendSnapshot(ctx context.Context, gen int64, txs []*decoder.Transaction, progress []SnapshotProgress) (AppendResult, error) {
+	return j.append(withAppendMode(ctx), "journal.Append", gen, txs, appendOpts{snapshots: progress})
+}

@@ -1,0 +1,754 @@
+package replication
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/journal"
+)
+
+// Snapshots: the DBLog watermark algorithm (as Debezium's incremental
+// snapshots). For each chunk of a table, in key order (keyset pagination
+// on the primary key, or the replica identity index), the snapshot worker
+//
+//  1. commits a low watermark, a transactional logical decoding message
+//     with prefix snapshotPrefix;
+//  2. SELECTs the chunk (plain READ COMMITTED: correctness comes from the
+//     watermarks, not from the SELECT's isolation);
+//  3. hands the rows to the stream loop, then commits a high watermark.
+//
+// The stream loop, meeting the low watermark in commit order, starts
+// collecting the keys of the table's changes; at the high watermark it drops
+// the chunk's rows whose keys changed in between (their current state is in
+// the stream, after the SELECT may or may not have seen it) — all of them
+// after a TRUNCATE — and journals the rest as op "read" entries in place of
+// the high watermark's transaction, with the chunk's progress in the same
+// journal transaction. A row the SELECT saw that was not changed in the
+// window is the row's state at the high watermark, so the journal read from
+// its first entry rebuilds the table. The live stream never pauses.
+
+// snapshotPrefix is the prefix of the watermark messages. It lies inside the
+// default --message-prefix, but the decoder consumes these messages
+// (decoder.Config.ControlPrefix): they are never journaled.
+const snapshotPrefix = "walcast.snapshot"
+
+// snapshotPoll is how often an idle worker looks for requests.
+const snapshotPoll = time.Second
+
+// maxWindows bounds the watermark windows the loop keeps open: a window
+// whose high watermark never comes (the worker's connection failed between
+// the two) is dropped when it is the oldest past the bound.
+const maxWindows = 8
+
+// watermark is the content of a watermark message.
+type watermark struct {
+	Token  string   `json:"token"` // run:snapshot:chunk
+	Mark   string   `json:"mark"`  // "low" or "high"
+	Entity string   `json:"entity,omitempty"`
+	Key    []string `json:"key,omitempty"` // chunk key column names (low)
+}
+
+// chunk is one chunk in flight between the worker and the loop.
+type chunk struct {
+	token      string
+	id         int64
+	entity     string
+	enc        *decoder.RowEncoder
+	rows       [][][]byte // published columns, text forms
+	keys       [][]byte   // per row: the chunk key's values as JSON (RowEncoder.Values)
+	lastKey    []string   // text forms of the last row's chunk key; nil when no row
+	first      bool       // journal snapshot-begin before the rows
+	final      bool       // journal snapshot-end after them
+	cancelled  bool       // final because the snapshot was cancelled
+	rowsBefore int64      // read entries journaled before this chunk
+	n          int64      // this chunk's number, from 1
+
+	done chan struct{} // closed by the loop once it handled the high watermark
+	ok   bool          // set before done: the chunk was journaled (queued)
+	kept int           // set before done: rows journaled
+}
+
+// snapshotter runs snapshot requests for one session: the worker goroutine
+// (run) and the chunks it hands to the session's stream loop.
+type snapshotter struct {
+	r   *Replicator
+	gen int64
+	run string // random per session: watermarks of other sessions are ignored
+
+	mu     sync.Mutex        // guards the following fields
+	chunks map[string]*chunk // registered, high watermark not yet handled
+}
+
+func newSnapshotter(r *Replicator, gen int64) *snapshotter {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return &snapshotter{r: r, gen: gen, run: hex.EncodeToString(b[:]), chunks: map[string]*chunk{}}
+}
+
+func (s *snapshotter) register(c *chunk) {
+	s.mu.Lock()
+	s.chunks[c.token] = c
+	s.mu.Unlock()
+}
+
+func (s *snapshotter) take(token string) *chunk {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.chunks[token]
+	delete(s.chunks, token)
+	return c
+}
+
+// refusal is a snapshot the worker cannot run as asked: it is marked failed
+// with the message (what happened and the fix) and the worker moves on.
+type refusal struct{ msg string }
+
+func (e *refusal) Error() string { return e.msg }
+
+func refusef(format string, args ...any) error { return &refusal{msg: fmt.Sprintf(format, args...)} }
+
+// run works through open snapshot requests until ctx ends.
+func (s *snapshotter) runWorker(ctx context.Context) {
+	log := s.r.log
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+			conn.Close(cctx)
+			cancel()
+		}
+	}()
+	wait := func(d time.Duration) bool {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(d):
+			return true
+		}
+	}
+	failures := 0
+	for ctx.Err() == nil {
+		snap, ok, err := s.r.j.NextSnapshot(ctx)
+		if err != nil || !ok {
+			if err != nil && ctx.Err() == nil {
+				log.Warn("cannot read snapshot requests; retrying", "cause", err)
+			}
+			if !wait(snapshotPoll) {
+				return
+			}
+			continue
+		}
+		if conn == nil || conn.IsClosed() {
+			conn, err = s.connect(ctx)
+			if err != nil {
+				log.Warn("snapshot: cannot connect to the source database; retrying", "cause", err)
+				if !wait(snapshotPoll) {
+					return
+				}
+				continue
+			}
+		}
+		err = s.snapshot(ctx, conn, snap)
+		if ctx.Err() != nil {
+			return
+		}
+		var ref *refusal
+		switch {
+		case err == nil:
+			failures = 0
+		case errors.As(err, &ref):
+			log.Error("snapshot refused", "id", snap.ID, "table", snap.Entity(), "reason", ref.msg)
+			if ferr := s.r.j.FailSnapshot(ctx, s.gen, snap.ID, ref.msg); ferr != nil {
+				log.Warn("cannot mark the snapshot failed", "id", snap.ID, "cause", ferr)
+			}
+		default:
+			failures++
+			log.Warn("snapshot interrupted; resuming from its last journaled chunk", "id", snap.ID, "table", snap.Entity(), "cause", err)
+			if conn != nil && !conn.IsClosed() {
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+				conn.Close(cctx)
+				cancel()
+			}
+			conn = nil
+			if !wait(min(time.Duration(failures)*snapshotPoll, 30*time.Second)) {
+				return
+			}
+		}
+	}
+}
+
+func (s *snapshotter) connect(ctx context.Context) (*pgx.Conn, error) {
+	cfg, err := ParseConnConfig(s.r.cfg.DatabaseURL)
+	if err != nil {
+		return nil, ClassifyConnectError("source database (snapshot connection)", err)
+	}
+	for k, v := range sessionSettings {
+		cfg.RuntimeParams[k] = v
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, ClassifyConnectError("source database (snapshot connection)", err)
+	}
+	return conn, nil
+}
+
+// snapTable is what a snapshot needs to know of its table.
+type snapTable struct {
+	entity  string
+	from    string   // quoted relation, with ONLY for a plain table
+	cols    []string // published columns, quoted, in attribute order
+	keyCols []string // chunk key columns, quoted
+	keyName []string // chunk key column names
+	keyType []string // their types (format_type) with COLLATE where needed
+	keyIdx  []int    // their indexes in cols
+	filter  string   // the publication's row filter, if any
+	enc     *decoder.RowEncoder
+}
+
+// loadTable reads the table's published columns, replica identity and chunk
+// key from the source's catalogs.
+func (s *snapshotter) loadTable(ctx context.Context, conn *pgx.Conn, snap journal.Snapshot) (*snapTable, error) {
+	ent := snap.Entity()
+	pub := s.r.cfg.Publication
+	var relid uint32
+	var ident, kind string
+	err := conn.QueryRow(ctx, `SELECT c.oid, c.relreplident::text, c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = $2`, snap.Schema, snap.Table).Scan(&relid, &ident, &kind)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, refusef("table %s does not exist in the source database; fix: check the name (schema.table) and start a new snapshot", ent)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var version int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		return nil, err
+	}
+	var attnames []string
+	var filter *string
+	q := `SELECT NULL::text[], NULL::text FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
+	if version >= 150000 {
+		q = `SELECT attnames, rowfilter FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
+	}
+	err = conn.QueryRow(ctx, q, pub, snap.Schema, snap.Table).Scan(&attnames, &filter)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, refusef("table %s is not in publication %q, so its changes are not streamed and a snapshot could not be kept current; fix: ALTER PUBLICATION %s ADD TABLE %s; then start a new snapshot",
+			ent, pub, pgx.Identifier{pub}.Sanitize(), pgx.Identifier{snap.Schema, snap.Table}.Sanitize())
+	}
+	if err != nil {
+		return nil, err
+	}
+	published := map[string]bool{}
+	for _, a := range attnames {
+		published[a] = true
+	}
+	rows, err := conn.Query(ctx, `SELECT a.attnum, a.attname, a.atttypid, format_type(a.atttypid, a.atttypmod),
+			CASE WHEN a.attcollation NOT IN (0, 100) THEN quote_ident(cn.nspname) || '.' || quote_ident(co.collname) ELSE '' END
+		FROM pg_attribute a LEFT JOIN pg_collation co ON co.oid = a.attcollation LEFT JOIN pg_namespace cn ON cn.oid = co.collnamespace
+		WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum`, relid)
+	if err != nil {
+		return nil, err
+	}
+	type att struct {
+		num        int16
+		name, typ  string
+		oid        uint32
+		collate    string
+		baseSchema string
+		baseName   string
+	}
+	var atts []att
+	for rows.Next() {
+		var a att
+		if err := rows.Scan(&a.num, &a.name, &a.oid, &a.typ, &a.collate); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if len(published) > 0 && !published[a.name] {
+			continue
+		}
+		atts = append(atts, a)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	// The base type of each non-built-in column type, as pgoutput's Type
+	// message names it (logicalrep_write_typ: getBaseType).
+	for i := range atts {
+		a := &atts[i]
+		if a.oid < 10000 {
+			continue
+		}
+		oid := a.oid
+		for depth := 0; depth < 32; depth++ {
+			var typtype string
+			var base uint32
+			if err := conn.QueryRow(ctx, `SELECT t.typtype::text, t.typbasetype, n.nspname, t.typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = $1`,
+				oid).Scan(&typtype, &base, &a.baseSchema, &a.baseName); err != nil {
+				return nil, err
+			}
+			if typtype != "d" {
+				break
+			}
+			oid = base
+		}
+	}
+	// Chunk key: the primary key, else the replica identity index.
+	var pk, ri []int16
+	if err := conn.QueryRow(ctx, `SELECT coalesce((SELECT indkey::int2[] FROM pg_index WHERE indrelid = $1 AND indisprimary), '{}'),
+		coalesce((SELECT indkey::int2[] FROM pg_index WHERE indrelid = $1 AND indisreplident), '{}')`, relid).Scan(&pk, &ri); err != nil {
+		return nil, err
+	}
+	chunkKey := pk
+	if len(chunkKey) == 0 {
+		chunkKey = ri
+	}
+	if len(chunkKey) == 0 {
+		return nil, refusef("table %s has neither a primary key nor a replica identity index, so it cannot be read in key order; fix: add a primary key, or ALTER TABLE %s REPLICA IDENTITY USING INDEX <a unique index on NOT NULL columns>; then start a new snapshot",
+			ent, pgx.Identifier{snap.Schema, snap.Table}.Sanitize())
+	}
+	// Replica identity columns, flagged as pgoutput's Relation message does.
+	identity := map[int16]bool{}
+	switch ident {
+	case "d":
+		for _, n := range pk {
+			identity[n] = true
+		}
+	case "i":
+		for _, n := range ri {
+			identity[n] = true
+		}
+	case "f":
+		for _, a := range atts {
+			identity[a.num] = true
+		}
+	}
+	t := &snapTable{entity: ent}
+	t.from = pgx.Identifier{snap.Schema, snap.Table}.Sanitize()
+	if kind != "p" {
+		t.from = "ONLY " + t.from
+	}
+	infos := make([]decoder.ColumnInfo, len(atts))
+	pos := map[int16]int{}
+	for i, a := range atts {
+		infos[i] = decoder.ColumnInfo{Name: a.name, TypeOID: a.oid, BaseSchema: a.baseSchema, BaseName: a.baseName, Key: identity[a.num]}
+		t.cols = append(t.cols, pgx.Identifier{a.name}.Sanitize())
+		pos[a.num] = i
+	}
+	for _, n := range chunkKey {
+		i, ok := pos[n]
+		if !ok {
+			return nil, refusef("a key column of table %s is not published (the publication's column list leaves it out), so changes to a row cannot be matched with the row read; fix: publish the key columns, then start a new snapshot", ent)
+		}
+		a := atts[i]
+		typ := a.typ
+		if a.collate != "" {
+			typ += " COLLATE " + a.collate
+		}
+		t.keyCols = append(t.keyCols, pgx.Identifier{a.name}.Sanitize())
+		t.keyName = append(t.keyName, a.name)
+		t.keyType = append(t.keyType, typ)
+		t.keyIdx = append(t.keyIdx, i)
+	}
+	if filter != nil {
+		t.filter = *filter
+	}
+	t.enc = decoder.NewRowEncoder(snap.Schema, snap.Table, infos, s.r.cfg.TenantColumn)
+	return t, nil
+}
+
+// chunkSQL is the keyset query of one chunk: rows after the last key (none
+// for the first chunk), in key order. Text values come back in text format
+// (the output functions' forms, as pgoutput sends them).
+func (t *snapTable) chunkSQL(first bool, where string, limit int) string {
+	var b strings.Builder
+	b.WriteString("SELECT " + strings.Join(t.cols, ", ") + ", " + strings.Join(t.keyCols, ", ") + " FROM " + t.from)
+	var conds []string
+	if !first {
+		params := make([]string, len(t.keyCols))
+		for i := range t.keyCols {
+			params[i] = "CAST($" + strconv.Itoa(i+1) + "::text AS " + t.keyType[i] + ")"
+		}
+		conds = append(conds, "("+strings.Join(t.keyCols, ", ")+") > ("+strings.Join(params, ", ")+")")
+	}
+	if where != "" {
+		conds = append(conds, "("+where+")")
+	}
+	if t.filter != "" {
+		conds = append(conds, "("+t.filter+")")
+	}
+	if len(conds) > 0 {
+		b.WriteString(" WHERE " + strings.Join(conds, " AND "))
+	}
+	b.WriteString(" ORDER BY " + strings.Join(t.keyCols, ", ") + " LIMIT " + strconv.Itoa(limit))
+	return b.String()
+}
+
+// snapshot runs one snapshot from its persisted progress to its end.
+func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal.Snapshot) error {
+	t, err := s.loadTable(ctx, conn, snap)
+	if err != nil {
+		return err
+	}
+	if snap.Status == journal.SnapshotPending {
+		if err := s.r.j.StartSnapshot(ctx, s.gen, snap.ID); err != nil {
+			return err
+		}
+		s.r.log.Info("snapshot started", "id", snap.ID, "table", t.entity, "chunk_size", snap.ChunkSize, "where", snap.Where)
+	} else {
+		s.r.log.Info("snapshot resumed", "id", snap.ID, "table", t.entity, "rows", snap.Rows, "chunks", snap.Chunks)
+	}
+	lastKey, rowsDone, chunks := snap.LastKey, snap.Rows, snap.Chunks
+	began := time.Now()
+	for {
+		cur, err := s.r.j.SnapshotByID(ctx, snap.ID)
+		if err != nil {
+			return err
+		}
+		if cur.Status != journal.SnapshotRunning {
+			return nil // finished or failed elsewhere
+		}
+		c := &chunk{id: snap.ID, entity: t.entity, enc: t.enc, first: chunks == 0, rowsBefore: rowsDone, n: chunks + 1,
+			cancelled: cur.CancelRequested, done: make(chan struct{})}
+		c.token = s.run + ":" + strconv.FormatInt(snap.ID, 10) + ":" + strconv.FormatInt(c.n, 10)
+		if err := s.emit(ctx, conn, watermark{Token: c.token, Mark: "low", Entity: t.entity, Key: t.keyName}); err != nil {
+			return err
+		}
+		if c.cancelled {
+			c.final = true
+		} else if err := s.read(ctx, conn, t, snap, lastKey, c); err != nil {
+			// Close the window before giving up on the chunk.
+			s.register(&chunk{token: c.token, done: make(chan struct{}), id: -1})
+			_ = s.emit(ctx, conn, watermark{Token: c.token, Mark: "high"})
+			return err
+		}
+		s.register(c)
+		if err := s.emit(ctx, conn, watermark{Token: c.token, Mark: "high"}); err != nil {
+			s.take(c.token)
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.done:
+		}
+		if !c.ok {
+			continue // the window was lost; read the chunk again
+		}
+		rowsDone += int64(c.kept)
+		chunks = c.n
+		if c.lastKey != nil {
+			lastKey = c.lastKey
+		}
+		if c.final {
+			// The loop has queued the chunk; wait until the journal holds
+			// it (its status is no longer running), so this snapshot is not
+			// taken up again from progress the journal does not have yet.
+			for waited := 0; ; waited++ {
+				cur, err := s.r.j.SnapshotByID(ctx, snap.ID)
+				if err != nil {
+					return err
+				}
+				if cur.Status != journal.SnapshotRunning {
+					break
+				}
+				if waited > 3000 {
+					return fmt.Errorf("snapshot %d: its last chunk was not journaled within a minute", snap.ID)
+				}
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+			el := time.Since(began)
+			s.r.log.Info("snapshot finished", "id", snap.ID, "table", t.entity, "rows", rowsDone, "chunks", chunks, "cancelled", c.cancelled,
+				"took", el.Round(time.Millisecond))
+			return nil
+		}
+	}
+}
+
+// emit commits a watermark message in its own transaction.
+func (s *snapshotter) emit(ctx context.Context, conn *pgx.Conn, w watermark) error {
+	b, err := json.Marshal(w)
+	if err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_logical_emit_message(true, $1, $2::text)", snapshotPrefix, string(b)); err != nil {
+		return fmt.Errorf("emit snapshot watermark: %w", err)
+	}
+	return nil
+}
+
+// stragglerWait bounds how long read waits for the transactions that were
+// in progress when the low watermark committed; see awaitStragglers.
+const stragglerWait = time.Second
+
+// awaitStragglers waits until every transaction in progress right after the
+// low watermark committed has ended, or stragglerWait passes. A transaction
+// writes its commit record before it becomes visible to other sessions'
+// snapshots, so one whose commit record precedes the low watermark in the
+// WAL — and so precedes the window in the stream — can still be invisible to
+// a SELECT that starts just after the watermark; its change would be missed
+// by both the SELECT and the window. Such a transaction becomes visible
+// within moments (its backend only has to wake from the WAL flush), so
+// waiting for the transactions of the snapshot taken after the watermark
+// closes the gap; one still running after stragglerWait is a long
+// transaction that commits after the low watermark, whose changes the
+// window sees.
+func awaitStragglers(ctx context.Context, conn *pgx.Conn) error {
+	var xip []string
+	if err := conn.QueryRow(ctx, "SELECT coalesce(array_agg(x::text), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x").Scan(&xip); err != nil {
+		return fmt.Errorf("read the source's snapshot: %w", err)
+	}
+	deadline := time.Now().Add(stragglerWait)
+	for len(xip) > 0 && time.Now().Before(deadline) {
+		var pending int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM unnest($1::text[]) x WHERE NOT pg_visible_in_snapshot(x::xid8, pg_current_snapshot())",
+			xip).Scan(&pending); err != nil {
+			return fmt.Errorf("check the source's snapshot: %w", err)
+		}
+		if pending == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// read SELECTs one chunk into c.
+func (s *snapshotter) read(ctx context.Context, conn *pgx.Conn, t *snapTable, snap journal.Snapshot, lastKey []string, c *chunk) error {
+	if err := awaitStragglers(ctx, conn); err != nil {
+		return err
+	}
+	limit := snap.ChunkSize
+	sql := t.chunkSQL(lastKey == nil, snap.Where, limit)
+	params := make([][]byte, len(lastKey))
+	for i, k := range lastKey {
+		params[i] = []byte(k)
+	}
+	rr := conn.PgConn().ExecParams(ctx, sql, params, nil, nil, nil)
+	ncols := len(t.cols)
+	for rr.NextRow() {
+		vals := rr.Values()
+		row := make([][]byte, ncols)
+		for i := 0; i < ncols; i++ {
+			if vals[i] != nil {
+				row[i] = bytes.Clone(vals[i])
+			}
+		}
+		c.rows = append(c.rows, row)
+		key := make([]string, len(t.keyCols))
+		for i := range key {
+			key[i] = string(vals[ncols+i])
+		}
+		c.lastKey = key
+	}
+	if _, err := rr.Close(); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code[:2] == "42" || pgErr.Code[:2] == "22") {
+			return refusef("the snapshot's SELECT of %s failed: %s (SQLSTATE %s); fix: correct the --where condition (it is SQL on the table's columns) and start a new snapshot: %s",
+				t.entity, pgErr.Message, pgErr.Code, sql)
+		}
+		return fmt.Errorf("read snapshot chunk of %s: %w", t.entity, err)
+	}
+	c.final = len(c.rows) < limit
+	c.keys = make([][]byte, len(c.rows))
+	for i, row := range c.rows {
+		c.keys[i] = t.enc.Values(nil, row, t.keyIdx)
+	}
+	return nil
+}
+
+// window collects the keys of a table's changes between a chunk's low and
+// high watermarks. Owned by the stream loop.
+type window struct {
+	token     string
+	entity    string
+	key       []string
+	changed   map[string]struct{}
+	truncated bool
+}
+
+// snapWindows is the stream loop's side of the algorithm.
+type snapWindows struct {
+	s        *snapshotter
+	open     []*window // in low watermark order
+	progress map[*decoder.Transaction]*journal.SnapshotProgress
+}
+
+// process handles the committed transactions txs, in commit order: it
+// records the keys changed in open windows and replaces each high
+// watermark's transaction with the chunk's entries. It returns the
+// transactions to journal and the progress records of those carrying
+// chunks (nil when none).
+func (w *snapWindows) process(txs []*decoder.Transaction) ([]*decoder.Transaction, map[*decoder.Transaction]*journal.SnapshotProgress) {
+	w.progress = nil
+	for i, tx := range txs {
+		if len(w.open) > 0 && tx.Len() > 0 {
+			w.observe(tx)
+		}
+		for _, ctl := range tx.Controls() {
+			var m watermark
+			if json.Unmarshal(ctl, &m) != nil || !strings.HasPrefix(m.Token, w.s.run+":") {
+				continue // another session's, or not ours at all
+			}
+			switch m.Mark {
+			case "low":
+				w.open = append(w.open, &window{token: m.Token, entity: m.Entity, key: m.Key, changed: map[string]struct{}{}})
+				if len(w.open) > maxWindows {
+					w.open = w.open[1:]
+				}
+			case "high":
+				if out := w.high(tx, m.Token); out != nil {
+					txs[i] = out
+					tx = out
+				}
+			}
+		}
+	}
+	return txs, w.progress
+}
+
+// observe adds the keys tx changes to the windows of their tables.
+func (w *snapWindows) observe(tx *decoder.Transaction) {
+	it := tx.Changes()
+	for it.Next() {
+		c := it.Change()
+		for _, win := range w.open {
+			if win.entity != c.Entity {
+				continue
+			}
+			if c.Op == decoder.OpTruncate {
+				win.truncated = true
+				continue
+			}
+			for _, k := range changeKeys(c.Body, win.key) {
+				win.changed[k] = struct{}{}
+			}
+		}
+	}
+	if err := it.Err(); err != nil {
+		// A spilled transaction that cannot be read again: be safe and
+		// treat every open window's chunk as changed.
+		for _, win := range w.open {
+			win.truncated = true
+		}
+	}
+}
+
+// changeKeys returns the chunk key values (as RowEncoder.Values encodes
+// them) of a change envelope's key, before and after rows: an update that
+// moves a row to another key changes both.
+func changeKeys(body []byte, cols []string) []string {
+	var env struct {
+		Key, Before, After map[string]json.RawMessage
+	}
+	if json.Unmarshal(body, &env) != nil {
+		return nil
+	}
+	var out []string
+	for _, row := range []map[string]json.RawMessage{env.Key, env.Before, env.After} {
+		if row == nil {
+			continue
+		}
+		b := []byte{'['}
+		ok := true
+		for i, c := range cols {
+			v, has := row[c]
+			if !has {
+				ok = false
+				break
+			}
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, v...)
+		}
+		if ok {
+			out = append(out, string(append(b, ']')))
+		}
+	}
+	return out
+}
+
+// high closes the window of token and builds the transaction that journals
+// the chunk in place of tx; nil when tx stays as it is.
+func (w *snapWindows) high(tx *decoder.Transaction, token string) *decoder.Transaction {
+	var win *window
+	for i, o := range w.open {
+		if o.token == token {
+			win = o
+			w.open = append(w.open[:i:i], w.open[i+1:]...)
+			break
+		}
+	}
+	c := w.s.take(token)
+	if c == nil {
+		return nil // not registered: a chunk of an earlier attempt
+	}
+	defer close(c.done)
+	if c.id < 0 || win == nil {
+		return nil // abandoned chunk, or its low watermark was never seen: c.ok stays false
+	}
+	b := decoder.NewTxBuilder(tx.Xid, tx.CommitLSN, tx.EndLSN, tx.CommitTime)
+	if tx.Len() > 0 {
+		it := tx.Changes()
+		for it.Next() {
+			b.Copy(it.Change())
+		}
+		if it.Err() != nil {
+			return nil
+		}
+	}
+	lsn := tx.CommitLSN
+	if c.first {
+		b.Marker(lsn, true, decoder.SnapshotMarker{ID: c.id, Entity: c.entity})
+	}
+	kept := 0
+	if !win.truncated {
+		for i, row := range c.rows {
+			if _, changed := win.changed[string(c.keys[i])]; changed {
+				continue
+			}
+			b.Read(c.enc, lsn, row)
+			kept++
+		}
+	}
+	status := journal.SnapshotRunning
+	if c.final {
+		b.Marker(lsn, false, decoder.SnapshotMarker{ID: c.id, Entity: c.entity, Rows: c.rowsBefore + int64(kept), Cancelled: c.cancelled})
+		status = journal.SnapshotDone
+		if c.cancelled {
+			status = journal.SnapshotCancelled
+		}
+	}
+	out := b.Transaction()
+	if w.progress == nil {
+		w.progress = map[*decoder.Transaction]*journal.SnapshotProgress{}
+	}
+	w.progress[out] = &journal.SnapshotProgress{ID: c.id, EndLSN: out.EndLSN, LastKey: c.lastKey, Rows: c.rowsBefore + int64(kept), Chunks: c.n, Status: status}
+	c.ok, c.kept = true, kept
+	c.rows, c.keys = nil, nil
+	_ = tx.Close()
+	return out
+}
