@@ -363,3 +363,40 @@ func TestSnapshotCompositeKeyWhereAndRefusals(t *testing.T) {
 		}
 	}
 }
+
+// TestSnapshotCancel: a running snapshot that is cancelled stops before its
+// next chunk with a snapshot-end that says so, and its status is cancelled.
+func TestSnapshotCancel(t *testing.T) {
+	f := newFixture(t,
+		`CREATE TABLE slow (id int PRIMARY KEY)`,
+		`INSERT INTO slow SELECT generate_series(1, 5000)`,
+		`ALTER PUBLICATION pub ADD TABLE slow`)
+	run := f.start(f.config())
+	waitFor(t, "active role", 10*time.Second, func() bool { return run.r.State().Role == RoleActive })
+	id, err := f.j.RequestSnapshot(context.Background(), journal.SnapshotRequest{Schema: "public", Table: "slow", ChunkSize: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "two chunks", 30*time.Second, func() bool {
+		s, err := f.j.SnapshotByID(context.Background(), id)
+		return err == nil && s.Chunks >= 2
+	})
+	if cs, err := f.j.CancelSnapshots(context.Background(), id, "", ""); err != nil || len(cs) != 1 {
+		t.Fatalf("cancel: %v %v", cs, err)
+	}
+	s := waitSnapshot(t, f, id, 30*time.Second)
+	if s.Status != journal.SnapshotCancelled || s.Rows >= 5000 {
+		t.Fatalf("after cancel: %+v", s)
+	}
+	es := caughtUp(t, f, "after-cancel")
+	_, markers, reads := tableValidator{entity: "public.slow", key: []string{"id"}}.rebuild(t, es)
+	var last string
+	for _, e := range es {
+		if e.Op == decoder.OpSnapshotEnd {
+			last = string(e.Envelope)
+		}
+	}
+	if len(markers) != 2 || !strings.Contains(last, `"cancelled":true`) || int64(reads) != s.Rows {
+		t.Fatalf("%d markers, end %s, %d reads, status rows %d", len(markers), last, reads, s.Rows)
+	}
+}
