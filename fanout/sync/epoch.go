@@ -94,12 +94,7 @@ func (n *Node) switchEpoch(e, h int64) {
 	}
 	n.horizon.Store(h)
 	n.stats.epochChanges.Add(1)
-	n.mu.Lock()
-	topics := make([]*syncTopic, 0, len(n.topics))
-	for _, t := range n.topics {
-		topics = append(topics, t)
-	}
-	n.mu.Unlock()
+	topics := n.topicList()
 	members := 0
 	for _, t := range topics {
 		t.mu.Lock()

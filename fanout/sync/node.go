@@ -873,15 +873,22 @@ func (t *syncTopic) repairLocked(cause string) {
 	t.n.log.Debug("repairing entity from the journal", "entity", t.entity, "cause", cause, "members", len(t.members))
 }
 
-// repairAll repairs every topic (after a NATS reconnect: anything published
-// while disconnected was lost to this node).
-func (n *Node) repairAll(cause string) {
+// topicList returns the node's topics at this moment, so they can be
+// walked without holding n.mu.
+func (n *Node) topicList() []*syncTopic {
 	n.mu.Lock()
+	defer n.mu.Unlock()
 	topics := make([]*syncTopic, 0, len(n.topics))
 	for _, t := range n.topics {
 		topics = append(topics, t)
 	}
-	n.mu.Unlock()
+	return topics
+}
+
+// repairAll repairs every topic (after a NATS reconnect: anything published
+// while disconnected was lost to this node).
+func (n *Node) repairAll(cause string) {
+	topics := n.topicList()
 	for _, t := range topics {
 		t.mu.Lock()
 		t.baselined = false // the next message sets the baseline; the repair covers the rest
@@ -923,12 +930,7 @@ func (n *Node) onResync(msg *nats.Msg) {
 		// about the new one, so m.pos >= seq below would skip some).
 		return
 	}
-	n.mu.Lock()
-	topics := make([]*syncTopic, 0, len(n.topics))
-	for _, t := range n.topics {
-		topics = append(topics, t)
-	}
-	n.mu.Unlock()
+	topics := n.topicList()
 	for _, t := range topics {
 		t.mu.Lock()
 		enc := map[string]*frame{}

@@ -47,12 +47,7 @@ func (n *Node) advanceTo(e, seq int64) {
 	if n.epoch.Load() != e {
 		return
 	}
-	n.mu.Lock()
-	topics := make([]*syncTopic, 0, len(n.topics))
-	for _, t := range n.topics {
-		topics = append(topics, t)
-	}
-	n.mu.Unlock()
+	topics := n.topicList()
 	moved := int64(0)
 	for _, t := range topics {
 		t.mu.Lock()
