@@ -145,12 +145,19 @@ func TestSyncControlReserveFullCloses1013(t *testing.T) {
 	// The frames may sit in kernel buffers a while before the node reads
 	// them (a loaded machine): stop writing after 50,000 and let waitFor's
 	// deadline decide.
+	deadline := time.Now().Add(60 * time.Second)
+	_ = c.c.SetWriteDeadline(deadline)
 	for i := 0; e.node.stats.controlOverflows.Load() == 0 && i < 50000; i++ {
 		if err := c.c.WriteJSON(map[string]string{"t": "bogus"}); err != nil {
 			break // closed under us
 		}
 	}
-	waitFor(t, "control overflow", func() bool { return e.node.stats.controlOverflows.Load() == 1 })
+	for e.node.stats.controlOverflows.Load() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no control overflow after 60 s; node stats %+v", e.node.Stats())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	errors := 0
 	for {
 		f, err := c.tryRead(20 * time.Second)
