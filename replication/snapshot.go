@@ -26,8 +26,10 @@ import (
 //
 //  1. commits a low watermark, a transactional logical decoding message
 //     with prefix snapshotPrefix;
-//  2. SELECTs the chunk (plain READ COMMITTED: correctness comes from the
-//     watermarks, not from the SELECT's isolation);
+//  2. SELECTs the chunk in a REPEATABLE READ transaction, noting the
+//     transactions its snapshot sees in progress (correctness comes from
+//     the watermarks, and from reading a chunk again when one of those had
+//     committed before the low watermark: see recentXids);
 //  3. hands the rows to the stream loop, then commits a high watermark.
 //
 // The stream loop, meeting the low watermark in commit order, starts
@@ -70,6 +72,7 @@ type chunk struct {
 	rows       [][][]byte // published columns, text forms
 	keys       [][]byte   // per row: the chunk key's values as JSON (RowEncoder.Values)
 	lastKey    []string   // text forms of the last row's chunk key; nil when no row
+	invisible  []uint32   // transactions in progress for the chunk's SELECT (read)
 	first      bool       // journal snapshot-begin before the rows
 	final      bool       // journal snapshot-end after them
 	cancelled  bool       // final because the snapshot was cancelled
@@ -495,50 +498,48 @@ func (s *snapshotter) emit(ctx context.Context, conn *pgx.Conn, w watermark) err
 	return nil
 }
 
-// stragglerWait bounds how long read waits for the transactions that were
-// in progress when the low watermark committed; see awaitStragglers.
-const stragglerWait = time.Second
+// recentXids is how many of the newest committed transactions the stream
+// loop remembers (snapWindows.recent): far more than can be committing at
+// once, so an in-progress transaction of a chunk's SELECT whose commit came
+// before the low watermark is always among them.
+const recentXids = 1 << 16
 
-// awaitStragglers waits until every transaction in progress right after the
-// low watermark committed has ended, or stragglerWait passes. A transaction
-// writes its commit record before it becomes visible to other sessions'
-// snapshots, so one whose commit record precedes the low watermark in the
-// WAL — and so precedes the window in the stream — can still be invisible to
-// a SELECT that starts just after the watermark; its change would be missed
-// by both the SELECT and the window. Such a transaction becomes visible
-// within moments (its backend only has to wake from the WAL flush), so
-// waiting for the transactions of the snapshot taken after the watermark
-// closes the gap; one still running after stragglerWait is a long
-// transaction that commits after the low watermark, whose changes the
-// window sees.
-func awaitStragglers(ctx context.Context, conn *pgx.Conn) error {
-	var xip []string
-	if err := conn.QueryRow(ctx, "SELECT coalesce(array_agg(x::text), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x").Scan(&xip); err != nil {
+// The SELECT's snapshot and the stream. A transaction writes its commit
+// record before it becomes visible to other sessions' snapshots, so one
+// whose commit record precedes the low watermark in the WAL — and so
+// precedes the window in the stream — can still be in progress for the
+// SELECT that follows the watermark: its change would be missed by both the
+// SELECT and the window. read records the SELECT's in-progress transactions
+// (the xip of the snapshot it ran in); at the high watermark, one of them
+// that the stream committed before the low watermark means the chunk may
+// lack a change, and it is read again (high). Exact, and it never waits:
+// an in-progress transaction that commits after the low watermark is seen
+// by the window or comes after the reads.
+
+// read SELECTs one chunk into c, in a REPEATABLE READ transaction whose
+// snapshot's in-progress transactions it records in c.invisible.
+func (s *snapshotter) read(ctx context.Context, conn *pgx.Conn, t *snapTable, snap journal.Snapshot, lastKey []string, c *chunk) (err error) {
+	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
+		return fmt.Errorf("read snapshot chunk of %s: %w", t.entity, err)
+	}
+	defer func() {
+		end := "COMMIT"
+		if err != nil {
+			end = "ROLLBACK"
+		}
+		if _, cerr := conn.Exec(context.WithoutCancel(ctx), end); cerr != nil && err == nil {
+			err = fmt.Errorf("read snapshot chunk of %s: %w", t.entity, cerr)
+		}
+	}()
+	// The first statement takes the transaction's snapshot; the chunk's
+	// SELECT runs in the same one.
+	var xip []int64
+	if err := conn.QueryRow(ctx, "SELECT coalesce(array_agg(x::text::bigint), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x").Scan(&xip); err != nil {
 		return fmt.Errorf("read the source's snapshot: %w", err)
 	}
-	deadline := time.Now().Add(stragglerWait)
-	for len(xip) > 0 && time.Now().Before(deadline) {
-		var pending int
-		if err := conn.QueryRow(ctx, "SELECT count(*) FROM unnest($1::text[]) x WHERE NOT pg_visible_in_snapshot(x::xid8, pg_current_snapshot())",
-			xip).Scan(&pending); err != nil {
-			return fmt.Errorf("check the source's snapshot: %w", err)
-		}
-		if pending == 0 {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(2 * time.Millisecond):
-		}
-	}
-	return nil
-}
-
-// read SELECTs one chunk into c.
-func (s *snapshotter) read(ctx context.Context, conn *pgx.Conn, t *snapTable, snap journal.Snapshot, lastKey []string, c *chunk) error {
-	if err := awaitStragglers(ctx, conn); err != nil {
-		return err
+	c.invisible = make([]uint32, len(xip))
+	for i, x := range xip {
+		c.invisible[i] = uint32(x) // pgoutput's xids are the low 32 bits of xid8
 	}
 	limit := snap.ChunkSize
 	sql := t.chunkSQL(lastKey == nil, snap.Where, limit)
@@ -586,6 +587,7 @@ type window struct {
 	entity    string
 	key       []string
 	changed   map[string]struct{}
+	committed map[uint32]struct{} // xids committed in the window
 	truncated bool
 }
 
@@ -594,6 +596,34 @@ type snapWindows struct {
 	s        *snapshotter
 	open     []*window // in low watermark order
 	progress map[*decoder.Transaction]*journal.SnapshotProgress
+
+	// recent holds the xids of the newest recentXids committed
+	// transactions (ring, in commit order), so high can tell whether a
+	// transaction the chunk's SELECT saw in progress had committed before
+	// the low watermark.
+	recent  map[uint32]int // xid → occurrences in ring
+	ring    []uint32
+	ringPos int
+	rereads int64 // chunks read again for such a transaction (tests)
+}
+
+// remember records a committed transaction's xid.
+func (w *snapWindows) remember(xid uint32) {
+	if w.recent == nil {
+		w.recent = make(map[uint32]int, recentXids)
+		w.ring = make([]uint32, 0, recentXids)
+	}
+	if len(w.ring) < recentXids {
+		w.ring = append(w.ring, xid)
+	} else {
+		old := w.ring[w.ringPos]
+		if w.recent[old]--; w.recent[old] <= 0 {
+			delete(w.recent, old)
+		}
+		w.ring[w.ringPos] = xid
+		w.ringPos = (w.ringPos + 1) % recentXids
+	}
+	w.recent[xid]++
 }
 
 // process handles the committed transactions txs, in commit order: it
@@ -604,6 +634,9 @@ type snapWindows struct {
 func (w *snapWindows) process(txs []*decoder.Transaction) ([]*decoder.Transaction, map[*decoder.Transaction]*journal.SnapshotProgress) {
 	w.progress = nil
 	for i, tx := range txs {
+		for _, win := range w.open {
+			win.committed[tx.Xid] = struct{}{}
+		}
 		if len(w.open) > 0 && tx.Len() > 0 {
 			w.observe(tx)
 		}
@@ -614,7 +647,8 @@ func (w *snapWindows) process(txs []*decoder.Transaction) ([]*decoder.Transactio
 			}
 			switch m.Mark {
 			case "low":
-				w.open = append(w.open, &window{token: m.Token, entity: m.Entity, key: m.Key, changed: map[string]struct{}{}})
+				w.open = append(w.open, &window{token: m.Token, entity: m.Entity, key: m.Key, changed: map[string]struct{}{},
+					committed: map[uint32]struct{}{}})
 				if len(w.open) > maxWindows {
 					w.open = w.open[1:]
 				}
@@ -625,6 +659,7 @@ func (w *snapWindows) process(txs []*decoder.Transaction) ([]*decoder.Transactio
 				}
 			}
 		}
+		w.remember(txs[i].Xid)
 	}
 	return txs, w.progress
 }
@@ -709,6 +744,19 @@ func (w *snapWindows) high(tx *decoder.Transaction, token string) *decoder.Trans
 	defer close(c.done)
 	if c.id < 0 || win == nil {
 		return nil // abandoned chunk, or its low watermark was never seen: c.ok stays false
+	}
+	for _, x := range c.invisible {
+		if _, in := win.committed[x]; in {
+			continue // committed in the window: its keys are in changed
+		}
+		if w.recent[x] > 0 {
+			// Committed before the low watermark yet invisible to the
+			// SELECT: the chunk may lack its change. Read it again.
+			w.rereads++
+			w.s.r.log.Debug("snapshot chunk read again: a transaction committed before its low watermark was not visible to its SELECT",
+				"snapshot", c.id, "chunk", c.n, "xid", x)
+			return nil
+		}
 	}
 	b := decoder.NewTxBuilder(tx.Xid, tx.CommitLSN, tx.EndLSN, tx.CommitTime)
 	if tx.Len() > 0 {

@@ -197,7 +197,7 @@ func normalize(row map[string]json.RawMessage) map[string]any {
 
 func pgxQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
-// TestSnapshotUnderConcurrentWriters snapshots a 20k-row table in 1000-row
+// TestSnapshotUnderConcurrentWriters snapshots a 20k-row table in 250-row
 // chunks while three writers insert, update (also the primary key) and
 // delete rows of the same key range, and restarts the replicator in the
 // middle: the table rebuilt from the journal equals the source, the
@@ -256,7 +256,7 @@ func TestSnapshotUnderConcurrentWriters(t *testing.T) {
 	t.Cleanup(func() { cancel(); wg.Wait() })
 
 	began := time.Now()
-	id, err := f.j.RequestSnapshot(context.Background(), journal.SnapshotRequest{Schema: "public", Table: "snap", ChunkSize: 1000})
+	id, err := f.j.RequestSnapshot(context.Background(), journal.SnapshotRequest{Schema: "public", Table: "snap", ChunkSize: 250})
 	if err != nil {
 		t.Fatal(err)
 	}
