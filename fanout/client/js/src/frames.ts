@@ -1,0 +1,91 @@
+// Frames and envelopes of the walcast sync protocol (docs/sync.md in the
+// walcast repository). Every type here mirrors what the node sends or reads;
+// nothing is invented on the client side.
+
+/** The operation of an envelope (DESIGN §3). */
+export type Op =
+  | 'insert'
+  | 'update'
+  | 'delete'
+  | 'truncate'
+  | 'message'
+  | 'resync'
+  | 'read'
+  | 'snapshot-begin'
+  | 'snapshot-end';
+
+/** A column map: column name → its JSON value. */
+export type Row = Record<string, unknown>;
+
+/** One journaled change as the node delivers it. */
+export interface Envelope {
+  seq?: number;
+  entitySeq?: number;
+  lsn: string;
+  commitLsn: string;
+  xid: number;
+  commitTime: string;
+  entity?: string;
+  op: Op;
+  key?: Row;
+  before?: Row;
+  after?: Row;
+  /** Columns whose value did not change and was not sent (TOAST). */
+  unchanged?: string[];
+  beforeJsonNull?: string[];
+  afterJsonNull?: string[];
+  truncate?: { cascade: boolean; restartIdentity: boolean };
+  tenant?: string;
+  tenantUnknown?: boolean;
+  oversize?: boolean;
+  [field: string]: unknown;
+}
+
+/** Client → node frames. */
+export type ClientFrame =
+  | { t: 'sub'; topic: string; cursor?: string; snapshot?: boolean }
+  | { t: 'unsub'; topic: string }
+  | { t: 'ping' }
+  | { t: 'refresh'; token: string };
+
+/** Node → client frames. */
+export type ServerFrame =
+  | { t: 'subscribed'; topic: string; cursor: string }
+  | { t: 'change'; topic: string; cursor: string; change: Envelope }
+  | { t: 'replay-gap'; topic: string; cursor: string }
+  | { t: 'resync'; topic: string; cursor: string }
+  | { t: 'position'; topic: string; cursor: string }
+  | { t: 'snapshot-begin'; topic: string; cursor?: string }
+  | { t: 'row'; topic: string; cursor?: string; change?: Envelope; row?: Envelope }
+  | { t: 'snapshot-end'; topic: string; cursor: string }
+  | { t: 'error'; code: string; message: string; topic?: string }
+  | { t: 'refreshed'; exp: number }
+  | { t: 'pong' };
+
+/** Close codes of /v1/socket (docs/sync.md, "Tokens and close codes"). */
+export const CloseCode = {
+  Normal: 1000,
+  Idle: 1001,
+  Abnormal: 1006,
+  PolicyViolation: 1008,
+  Backpressure: 1013,
+  Shutdown: 4000,
+  TokenExpired: 4100,
+  BadFrame: 4400,
+  Flood: 4429,
+} as const;
+
+/** What a client does after a close, by code (docs/sync.md). */
+export type CloseAction = 'reconnect' | 'new-token' | 'give-up';
+
+/**
+ * closeAction classifies a close code as docs/sync.md says: 4000–4099
+ * reconnect with backoff, 4100–4199 get a new token and reconnect at once,
+ * 4400–4499 (and 1008, the code of older nodes for the same faults) do not
+ * reconnect; everything else, 1006 included, reconnects with backoff.
+ */
+export function closeAction(code: number): CloseAction {
+  if (code >= 4100 && code <= 4199) return 'new-token';
+  if ((code >= 4400 && code <= 4499) || code === CloseCode.PolicyViolation) return 'give-up';
+  return 'reconnect';
+}

@@ -1,0 +1,15 @@
+export { Client, tokenExp } from './client.js';
+export type { ClientOptions, ClientState, Clock, Handlers, SubscribeOptions, EventSourceTarget } from './client.js';
+export { Backoff } from './backoff.js';
+export type { BackoffOptions } from './backoff.js';
+export { MemoryCursorStore, LocalStorageCursorStore } from './store.js';
+export type { CursorStore, StorageLike } from './store.js';
+export { WalcastError } from './errors.js';
+export type { ErrorKind } from './errors.js';
+export { CloseCode, closeAction } from './frames.js';
+export type { ClientFrame, ServerFrame, Envelope, Op, Row, CloseAction } from './frames.js';
+export { live, rowKey } from './live.js';
+export type { LiveEvent, LiveOptions, LiveTable } from './live.js';
+export { SSEParser, socketURL, eventsURL } from './transport.js';
+export type { WebSocketLike, WebSocketCtor, FetchLike } from './transport.js';
+export { VERSION } from './version.js';

@@ -1,0 +1,68 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { Client, rowKey } from '../dist/index.js';
+import { env, tick } from './fakes.mjs';
+
+const T = 'public.orders';
+const env0 = { lsn: '0/1', commitLsn: '0/1', xid: 1, commitTime: '' };
+const ch = (seq, op, fields) => ({ t: 'change', topic: T, cursor: 'c' + seq, change: { seq, op, ...env0, ...fields } });
+
+test('live: snapshot rows, then changes keep key → row', async () => {
+  const e = env();
+  const c = new Client(e.opts);
+  const events = [];
+  const table = c.live(T, { onChange: (_rows, ev) => events.push(ev.type) });
+  await tick();
+  const s = e.ws.sockets[0];
+  s.open();
+  assert.deepEqual(s.sent, [{ t: 'sub', topic: T, snapshot: true }]);
+  assert.equal(table.ready, false);
+  s.frame({ t: 'snapshot-begin', topic: T });
+  s.frame({ t: 'row', topic: T, change: { seq: 1, op: 'read', ...env0, key: { id: 1 }, after: { id: 1, status: 'new', notes: 'big' } } });
+  s.frame({ t: 'row', topic: T, change: { seq: 2, op: 'read', ...env0, key: { id: 2 }, after: { id: 2, status: 'new' } } });
+  s.frame({ t: 'snapshot-end', topic: T, cursor: 's2' });
+  assert.equal(table.ready, true);
+  assert.equal(table.rows.size, 2);
+  assert.equal(c.cursor(T), 's2');
+  // An update that leaves notes out as unchanged keeps its value.
+  s.frame(ch(3, 'update', { key: { id: 1 }, after: { id: 1, status: 'paid' }, unchanged: ['notes'] }));
+  assert.deepEqual(table.rows.get(rowKey({ id: 1 })), { id: 1, status: 'paid', notes: 'big' });
+  s.frame(ch(4, 'insert', { key: { id: 3 }, after: { id: 3, status: 'new' } }));
+  s.frame(ch(4, 'insert', { key: { id: 3 }, after: { id: 3, status: 'dup' } })); // duplicate seq
+  assert.equal(table.rows.get(rowKey({ id: 3 })).status, 'new');
+  s.frame(ch(5, 'delete', { key: { id: 2 }, before: { id: 2 } }));
+  assert.equal(table.rows.has(rowKey({ id: 2 })), false);
+  // A key change moves the row.
+  s.frame(ch(6, 'update', { key: { id: 30 }, before: { id: 3 }, after: { id: 30, status: 'moved' } }));
+  assert.equal(table.rows.has(rowKey({ id: 3 })), false);
+  assert.equal(table.rows.get(rowKey({ id: 30 })).status, 'moved');
+  assert.deepEqual([...table.rows.keys()].sort(), [rowKey({ id: 1 }), rowKey({ id: 30 })].sort());
+  s.frame(ch(7, 'truncate', {}));
+  assert.equal(table.rows.size, 0);
+  assert.deepEqual(events, ['upsert', 'upsert', 'snapshot', 'upsert', 'upsert', 'delete', 'delete', 'upsert', 'clear']);
+});
+
+test('live: a resync asks for a new snapshot and drops rows it does not name', async () => {
+  const e = env();
+  const c = new Client(e.opts);
+  const table = c.live(T);
+  await tick();
+  const s = e.ws.sockets[0];
+  s.open();
+  s.frame({ t: 'snapshot-begin', topic: T });
+  s.frame({ t: 'row', topic: T, change: { seq: 1, op: 'read', ...env0, key: { id: 1 }, after: { id: 1 } } });
+  s.frame({ t: 'row', topic: T, change: { seq: 2, op: 'read', ...env0, key: { id: 2 }, after: { id: 2 } } });
+  s.frame({ t: 'snapshot-end', topic: T, cursor: 's2' });
+  s.frame({ t: 'resync', topic: T, cursor: 'r9' });
+  assert.deepEqual(s.sent.at(-1), { t: 'sub', topic: T, snapshot: true });
+  s.frame({ t: 'snapshot-begin', topic: T });
+  s.frame({ t: 'row', topic: T, change: { seq: 1, op: 'read', ...env0, key: { id: 2 }, after: { id: 2, v: 'new' } } });
+  s.frame({ t: 'snapshot-end', topic: T, cursor: 's3' });
+  assert.deepEqual([...table.rows.values()], [{ id: 2, v: 'new' }]);
+  // A reconnect after the snapshot resumes from its cursor without another.
+  s.serverClose(1006);
+  e.clock.advance(60_000);
+  await tick();
+  e.ws.sockets[1].open();
+  assert.deepEqual(e.ws.sockets[1].sent, [{ t: 'sub', topic: T, cursor: 's3' }]);
+});
