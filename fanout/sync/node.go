@@ -444,11 +444,13 @@ func (n *Node) Ready() (bool, string) {
 	return true, fmt.Sprintf("ready: %d sockets, %d topics", len(n.sockets), len(n.topics))
 }
 
-// Handler serves /v1/socket and /v1/changes.
+// Handler serves /v1/socket, /v1/changes and /v1/events (events.go).
 func (n *Node) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/socket", n.serveSocket)
 	mux.HandleFunc("GET /v1/changes", n.serveChanges)
+	mux.HandleFunc("GET /v1/events", n.serveEvents)
+	mux.HandleFunc("OPTIONS /v1/events", n.serveEventsPreflight)
 	return mux
 }
 
