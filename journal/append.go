@@ -136,9 +136,18 @@ func (j *Journal) Advance(ctx context.Context, gen int64, lsn decoder.LSN) (Appe
 // has one without the other: the first start of a replicator, or a restart
 // after a first start that journaled nothing. It writes no entry. Fenced
 // like Append; it returns the watermark afterwards.
-func (j *Journal) Bootstrap(ctx context.Context, gen int64, src Source, start decoder.LSN) (decoder.LSN, error) {
+//
+// Snapshot requests given (walcast run --snapshot initial) are recorded in
+// the same transaction, and tables (the publication's) as the recorded
+// publication tables (RecordPublishedTables), so a crash cannot leave a
+// fresh journal without them.
+func (j *Journal) Bootstrap(ctx context.Context, gen int64, src Source, start decoder.LSN, tables []Table, reqs ...SnapshotRequest) (decoder.LSN, error) {
 	tx := decoder.NewTransaction(0, start, start, time.Time{}, nil)
-	res, err := j.append(withAppendMode(ctx), "journal.Bootstrap", gen, []*decoder.Transaction{tx}, appendOpts{source: &src})
+	o := appendOpts{source: &src, requests: reqs}
+	if tables != nil {
+		o.tables = &tables
+	}
+	res, err := j.append(withAppendMode(ctx), "journal.Bootstrap", gen, []*decoder.Transaction{tx}, o)
 	if err != nil {
 		return 0, err
 	}
@@ -175,6 +184,10 @@ type Resync struct {
 	NewEpoch bool
 	// Source, when non-nil, is recorded in the same transaction.
 	Source *Source
+	// Snapshots are snapshot requests recorded in the same transaction:
+	// after a reset, a re-snapshot of every published table lets
+	// consumers rebuild from the stream alone.
+	Snapshots []SnapshotRequest
 	// Time is the envelope's commitTime; zero means now.
 	Time time.Time
 }
@@ -207,7 +220,7 @@ func (j *Journal) AppendResync(ctx context.Context, gen int64, r Resync) (Append
 	body.Write(reason)
 	body.WriteString(`}`)
 	tx := decoder.NewTransaction(0, wm, wm, r.Time, []decoder.Change{{LSN: wm, Op: decoder.OpResync, Body: body.Bytes()}})
-	o := appendOpts{force: true, resetWatermark: r.ResetWatermark, source: r.Source}
+	o := appendOpts{force: true, resetWatermark: r.ResetWatermark, source: r.Source, requests: r.Snapshots}
 	if r.ResetWatermark || r.NewEpoch {
 		// The history after this entry may differ from what readers saw:
 		// a new epoch starts with it.

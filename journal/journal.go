@@ -241,22 +241,23 @@ func (j *Journal) Schema() string { return j.schema }
 
 // statements holds the SQL with the schema's quoted name spliced in.
 type statements struct {
-	meta, retention, entitySeqs, entries, published, migrations, epochs, snapshots string
-	entriesIdent                                                                   pgx.Identifier
+	meta, retention, entitySeqs, entries, published, migrations, epochs, snapshots, publicationTables string
+	entriesIdent                                                                                      pgx.Identifier
 }
 
 func newStatements(schema string) statements {
 	q := func(t string) string { return pgx.Identifier{schema, t}.Sanitize() }
 	return statements{
-		meta:         q("meta"),
-		retention:    q("retention"),
-		entitySeqs:   q("entity_seqs"),
-		entries:      q("entries"),
-		published:    q("published"),
-		migrations:   q("migrations"),
-		epochs:       q("epochs"),
-		snapshots:    q("snapshots"),
-		entriesIdent: pgx.Identifier{schema, "entries"},
+		meta:              q("meta"),
+		retention:         q("retention"),
+		entitySeqs:        q("entity_seqs"),
+		entries:           q("entries"),
+		published:         q("published"),
+		migrations:        q("migrations"),
+		epochs:            q("epochs"),
+		snapshots:         q("snapshots"),
+		publicationTables: q("publication_tables"),
+		entriesIdent:      pgx.Identifier{schema, "entries"},
 	}
 }
 
@@ -348,6 +349,17 @@ CREATE TABLE %[1]s.snapshots (
 );
 CREATE INDEX snapshots_open ON %[1]s.snapshots (id) WHERE status IN ('pending', 'running');
 COMMENT ON TABLE %[1]s.snapshots IS 'walcast snapshots: one row per request (INSERT (table_schema, table_name[, where_sql, chunk_size]) to ask for one, from any transaction); the active walcast run takes them in id order; last_key, rows and chunks advance in the journal transaction that carries each chunk';
+`,
+	4: `
+ALTER TABLE %[1]s.meta ADD COLUMN publication_recorded boolean NOT NULL DEFAULT false;
+ALTER TABLE %[1]s.snapshots ADD COLUMN estimated_rows bigint;
+COMMENT ON COLUMN %[1]s.snapshots.estimated_rows IS 'the table''s row estimate (pg_class.reltuples) when the snapshot started, for walcast snapshot status''s ETA';
+CREATE TABLE %[1]s.publication_tables (
+	table_schema text NOT NULL,
+	table_name   text NOT NULL,
+	PRIMARY KEY (table_schema, table_name)
+);
+COMMENT ON TABLE %[1]s.publication_tables IS 'walcast: the publication''s tables as walcast run last recorded them (--snapshot-new-tables snapshots a table that appears in the publication and not here)';
 `,
 }
 

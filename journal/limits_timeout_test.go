@@ -240,7 +240,7 @@ func TestCloseNowBreaksInFlightTimeout(t *testing.T) {
 func TestBootstrapOneCommitTimeout(t *testing.T) {
 	j, gen, url := newJournal(t)
 	src := Source{SystemID: "7300000000000000001", Timeline: 1, Slot: "walcast"}
-	if _, err := j.Bootstrap(testCtx(t), gen-1, src, 1000); !errors.Is(err, ErrFenced) {
+	if _, err := j.Bootstrap(testCtx(t), gen-1, src, 1000, nil); !errors.Is(err, ErrFenced) {
 		t.Fatalf("fenced bootstrap: %v", err)
 	}
 	// A failure that strikes only the watermark's half fails both: a trigger
@@ -254,7 +254,7 @@ func TestBootstrapOneCommitTimeout(t *testing.T) {
 		CREATE TRIGGER refuse_wm BEFORE UPDATE ON `+j.sql.meta+` FOR EACH ROW WHEN (NEW.watermark <> OLD.watermark) EXECUTE FUNCTION refuse()`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := j.Bootstrap(testCtx(t), gen, src, 1000); err == nil {
+	if _, err := j.Bootstrap(testCtx(t), gen, src, 1000, nil); err == nil {
 		t.Fatal("bootstrap succeeded past the trigger")
 	}
 	st, err := j.State(testCtx(t))
@@ -267,7 +267,7 @@ func TestBootstrapOneCommitTimeout(t *testing.T) {
 	if _, err := c.Exec(testCtx(t), `DROP TRIGGER refuse_wm ON `+j.sql.meta); err != nil {
 		t.Fatal(err)
 	}
-	wm, err := j.Bootstrap(testCtx(t), gen, src, 1000)
+	wm, err := j.Bootstrap(testCtx(t), gen, src, 1000, nil)
 	if err != nil || wm != 1000 {
 		t.Fatalf("bootstrap: %s %v", wm, err)
 	}

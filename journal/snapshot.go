@@ -55,9 +55,10 @@ type Snapshot struct {
 	ChunkSize       int        `json:"chunkSize"`
 	Status          string     `json:"status"`
 	CancelRequested bool       `json:"cancelRequested,omitempty"`
-	LastKey         []string   `json:"lastKey,omitempty"` // text forms of the last journaled chunk's key columns
-	Rows            int64      `json:"rows"`              // read entries journaled
-	Chunks          int64      `json:"chunks"`            // chunks journaled
+	LastKey         []string   `json:"lastKey,omitempty"`       // text forms of the last journaled chunk's key columns
+	Rows            int64      `json:"rows"`                    // read entries journaled
+	Chunks          int64      `json:"chunks"`                  // chunks journaled
+	EstimatedRows   *int64     `json:"estimatedRows,omitempty"` // the table's row estimate when it started (before any --where)
 	Error           string     `json:"error,omitempty"`
 	RequestedAt     time.Time  `json:"requestedAt"`
 	StartedAt       *time.Time `json:"startedAt,omitempty"`
@@ -94,12 +95,12 @@ func (j *Journal) RequestSnapshot(ctx context.Context, r SnapshotRequest) (int64
 }
 
 const snapshotCols = `id, table_schema, table_name, where_sql, chunk_size, status, cancel_requested, last_key, rows, chunks, error,
-	requested_at, started_at, updated_at, finished_at`
+	requested_at, started_at, updated_at, finished_at, estimated_rows`
 
 func scanSnapshot(r pgx.Row) (Snapshot, error) {
 	var s Snapshot
 	err := r.Scan(&s.ID, &s.Schema, &s.Table, &s.Where, &s.ChunkSize, &s.Status, &s.CancelRequested, &s.LastKey, &s.Rows, &s.Chunks, &s.Error,
-		&s.RequestedAt, &s.StartedAt, &s.UpdatedAt, &s.FinishedAt)
+		&s.RequestedAt, &s.StartedAt, &s.UpdatedAt, &s.FinishedAt, &s.EstimatedRows)
 	return s, err
 }
 
@@ -161,9 +162,10 @@ func (j *Journal) SnapshotByID(ctx context.Context, id int64) (Snapshot, error) 
 }
 
 // NextSnapshot returns the open snapshot the replicator should work on: the
-// oldest running one, else the oldest pending one. ok is false when there
-// is none.
-func (j *Journal) NextSnapshot(ctx context.Context) (s Snapshot, ok bool, err error) {
+// oldest running one, else the oldest pending one, leaving out the
+// snapshots busy names (being run by other workers) and any other of their
+// tables. ok is false when there is none.
+func (j *Journal) NextSnapshot(ctx context.Context, busy ...int64) (s Snapshot, ok bool, err error) {
 	ctx, cancel := j.callCtx(ctx)
 	defer cancel()
 	c, err := j.pool.acquire(ctx)
@@ -171,8 +173,12 @@ func (j *Journal) NextSnapshot(ctx context.Context) (s Snapshot, ok bool, err er
 		return Snapshot{}, false, opErr("journal.NextSnapshot", err, "")
 	}
 	defer j.pool.release(c)
+	if busy == nil {
+		busy = []int64{}
+	}
 	s, err = scanSnapshot(c.QueryRow(ctx, "SELECT "+snapshotCols+" FROM "+j.sql.snapshots+
-		" WHERE status IN ('pending', 'running') ORDER BY status = 'running' DESC, id LIMIT 1"))
+		" WHERE status IN ('pending', 'running') AND (table_schema, table_name) NOT IN (SELECT table_schema, table_name FROM "+
+		j.sql.snapshots+" WHERE id = ANY($1)) ORDER BY status = 'running' DESC, id LIMIT 1", busy))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Snapshot{}, false, nil
 	}
@@ -238,10 +244,15 @@ func (j *Journal) fencedUpdate(ctx context.Context, op string, gen int64, set st
 	return nil
 }
 
-// StartSnapshot marks a pending snapshot running. Fenced like Append.
-func (j *Journal) StartSnapshot(ctx context.Context, gen, id int64) error {
+// StartSnapshot marks a pending snapshot running, with the table's row
+// estimate (negative: unknown). Fenced like Append.
+func (j *Journal) StartSnapshot(ctx context.Context, gen, id, estimate int64) error {
+	var est *int64
+	if estimate >= 0 {
+		est = &estimate
+	}
 	return j.fencedUpdate(ctx, "journal.StartSnapshot", gen,
-		"status = CASE WHEN status = 'pending' THEN 'running' ELSE status END, started_at = coalesce(started_at, now())", id)
+		"status = CASE WHEN status = 'pending' THEN 'running' ELSE status END, started_at = coalesce(started_at, now()), estimated_rows = $3", id, est)
 }
 
 // FailSnapshot marks a snapshot failed with an operator-facing reason (what

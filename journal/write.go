@@ -31,6 +31,12 @@ type appendOpts struct {
 	// snapshots are progress records written with the batch (see
 	// AppendSnapshot).
 	snapshots []SnapshotProgress
+	// requests are snapshot requests recorded in the same transaction
+	// (a bootstrap's --snapshot initial, a resync's re-snapshot).
+	requests []SnapshotRequest
+	// tables, when non-nil, replaces the recorded publication tables
+	// (RecordPublishedTables).
+	tables *[]Table
 }
 
 // ErrUnencodable is in the chain of an append error caused by a change the
@@ -283,6 +289,9 @@ func (j *Journal) finishSQL(src *copySource, o appendOpts, gen, nextSeq, wm, new
 	if o.epoch != 0 {
 		b.WriteString(", epoch = " + i(o.epoch))
 	}
+	if o.tables != nil {
+		b.WriteString(", publication_recorded = true")
+	}
 	b.WriteString(" WHERE generation = " + i(gen) + " AND next_seq = " + i(nextSeq) + " AND watermark = " + i(wm) + " RETURNING epoch)")
 	if o.epoch != 0 {
 		// Epochs that began at or after this seq belong to a history the
@@ -316,6 +325,12 @@ func (j *Journal) finishSQL(src *copySource, o appendOpts, gen, nextSeq, wm, new
 			continue // its transaction was skipped as a replay
 		}
 		b.WriteString(", s" + i(int64(n)) + " AS (" + j.snapshotProgressSQL(p) + ")")
+	}
+	if len(o.requests) > 0 {
+		b.WriteString(", rq AS (" + j.snapshotRequestsSQL(o.requests) + ")")
+	}
+	if o.tables != nil {
+		b.WriteString(j.publishedTablesSQL(*o.tables))
 	}
 	b.WriteString(" SELECT 1 / (SELECT count(*)::integer FROM u)")
 	if src.next > nextSeq {

@@ -178,6 +178,21 @@ func (r *Replicator) RegisterMetrics(meter metric.Meter) error {
 	if err != nil {
 		return err
 	}
+	snapChunks, err := meter.Int64ObservableCounter("walcast.snapshot.chunks",
+		metric.WithDescription("snapshot chunks journaled (their rows are walcast.journaled.changes with op read)"))
+	if err != nil {
+		return err
+	}
+	snapRereads, err := meter.Int64ObservableCounter("walcast.snapshot.rereads",
+		metric.WithDescription("snapshot chunks read again because a transaction committed just before their low watermark was not yet visible to their SELECT"))
+	if err != nil {
+		return err
+	}
+	snapRunning, err := meter.Int64ObservableGauge("walcast.snapshot.running",
+		metric.WithDescription("snapshots being read now (walcast snapshot status shows each one's progress)"))
+	if err != nil {
+		return err
+	}
 	roles := []Role{RoleStarting, RoleStandby, RoleActive, RoleReconnecting, RoleStopped}
 	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		s := r.State()
@@ -205,8 +220,11 @@ func (r *Replicator) RegisterMetrics(meter metric.Meter) error {
 		r.quarantined.each(func(reason string, n uint64) {
 			o.ObserveInt64(quarantined, int64(n), metric.WithAttributes(attribute.String("reason", reason)))
 		})
+		o.ObserveInt64(snapChunks, r.snapChunks.Load())
+		o.ObserveInt64(snapRereads, r.snapRereads.Load())
+		o.ObserveInt64(snapRunning, r.snapRunning.Load())
 		return nil
-	}, role, lag, delay, gen, txs, changes, batches, reconnects, decoded, journaled, quarantined)
+	}, role, lag, delay, gen, txs, changes, batches, reconnects, decoded, journaled, quarantined, snapChunks, snapRereads, snapRunning)
 	return err
 }
 

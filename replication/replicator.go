@@ -58,6 +58,25 @@ type Config struct {
 	// resync entry; otherwise such a gap stops Run with a CodeSlotLost error.
 	RecreateLostSlot bool
 
+	// Snapshots (DESIGN §4; replication/snapshot.go). SnapshotInitial
+	// requests a snapshot of every published table when the journal is
+	// fresh (in the transaction that bootstraps it). SnapshotNewTables
+	// snapshots a table once it appears in the publication while walcast
+	// runs (checked every publicationPoll).
+	// ResnapshotAfterResync requests a snapshot of every published table
+	// with the resync entry of --recreate-lost-slot, so consumers rebuild
+	// from the stream alone. SnapshotParallel is how many tables are read
+	// at once (default 2); SnapshotMaxRowsPerSecond caps the rows read per
+	// second over all of them (0: no cap); SnapshotChunkSize is the chunk
+	// size of the snapshots walcast requests itself (0: the journal's
+	// default).
+	SnapshotInitial          bool
+	SnapshotNewTables        bool
+	ResnapshotAfterResync    bool
+	SnapshotParallel         int
+	SnapshotMaxRowsPerSecond int
+	SnapshotChunkSize        int
+
 	// A journal batch closes at BatchMaxTxns transactions (default 1000),
 	// BatchMaxChanges changes (default 20000), or when the queue is empty —
 	// after waiting up to BatchMaxDelay for more (default 0: no wait; what
@@ -108,6 +127,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MessagePrefix == "" {
 		c.MessagePrefix = "walcast."
+	}
+	if c.SnapshotParallel <= 0 {
+		c.SnapshotParallel = 2
 	}
 	if c.BatchMaxTxns <= 0 {
 		c.BatchMaxTxns = 1000
@@ -182,6 +204,10 @@ type Replicator struct {
 	decoded     *decoder.Counters
 	journaled   *decoder.Counters
 	quarantined reasonCounts // changes journaled as quarantine entries, by reason
+
+	// Snapshots (walcast.snapshot.* metrics): chunks journaled, chunks
+	// read again (snapshot.go, high), snapshots being read now.
+	snapChunks, snapRereads, snapRunning atomic.Int64
 
 	// skipRelations are the journal's own tables in the source database
 	// (nil when the journal lives elsewhere); set by session before the
@@ -464,9 +490,19 @@ func (r *Replicator) resume(ctx context.Context, conn *pgconn.PgConn, sys System
 			}
 			r.log.Info("created replication slot", "consistent_point", start.String())
 		}
-		// Source and watermark in one commit: a crash cannot leave one
-		// without the other.
-		return r.j.Bootstrap(ctx, gen, cur, start)
+		// Source, watermark, the publication's tables and --snapshot
+		// initial's requests in one commit: a crash cannot leave one
+		// without the others.
+		tables, err := publishedTables(ctx, conn, r.cfg.Publication)
+		if err != nil {
+			return 0, err
+		}
+		var reqs []journal.SnapshotRequest
+		if r.cfg.SnapshotInitial {
+			reqs = r.snapshotRequests(tables)
+			r.log.Info("snapshot initial: every published table will be snapshotted", "tables", len(tables))
+		}
+		return r.j.Bootstrap(ctx, gen, cur, start, tables, reqs...)
 	}
 
 	var gap string
@@ -514,7 +550,16 @@ func (r *Replicator) resume(ctx context.Context, conn *pgconn.PgConn, sys System
 	if err != nil {
 		return 0, classifyStreamError("create slot", err)
 	}
-	if _, err := r.j.AppendResync(ctx, gen, journal.Resync{Reason: gap, Watermark: start, ResetWatermark: true, Source: &cur}); err != nil {
+	rs := journal.Resync{Reason: gap, Watermark: start, ResetWatermark: true, Source: &cur}
+	if r.cfg.ResnapshotAfterResync {
+		tables, err := publishedTables(ctx, conn, r.cfg.Publication)
+		if err != nil {
+			return 0, err
+		}
+		rs.Snapshots = r.snapshotRequests(tables)
+		r.log.Warn("resync: every published table will be snapshotted again, so consumers can rebuild from the stream", "tables", len(tables))
+	}
+	if _, err := r.j.AppendResync(ctx, gen, rs); err != nil {
 		return 0, err
 	}
 	r.log.Warn("resync: recreated the slot and journaled a resync entry; clients will refetch", "reason", gap, "from", start.String())

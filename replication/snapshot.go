@@ -91,14 +91,20 @@ type snapshotter struct {
 	gen int64
 	run string // random per session: watermarks of other sessions are ignored
 
+	limit *rowLimiter // --snapshot-max-rows-per-second, over all workers
+
+	claimMu sync.Mutex // one claim at a time (claim)
+
 	mu     sync.Mutex        // guards the following fields
 	chunks map[string]*chunk // registered, high watermark not yet handled
+	busy   map[int64]bool    // snapshots a worker is running
 }
 
 func newSnapshotter(r *Replicator, gen int64) *snapshotter {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	return &snapshotter{r: r, gen: gen, run: hex.EncodeToString(b[:]), chunks: map[string]*chunk{}}
+	return &snapshotter{r: r, gen: gen, run: hex.EncodeToString(b[:]), chunks: map[string]*chunk{}, busy: map[int64]bool{},
+		limit: &rowLimiter{rate: float64(r.cfg.SnapshotMaxRowsPerSecond)}}
 }
 
 func (s *snapshotter) register(c *chunk) {
@@ -123,8 +129,57 @@ func (e *refusal) Error() string { return e.msg }
 
 func refusef(format string, args ...any) error { return &refusal{msg: fmt.Sprintf(format, args...)} }
 
-// run works through open snapshot requests until ctx ends.
+// runWorker runs the session's snapshot workers (Config.SnapshotParallel
+// of them, each on a table of its own) and, with --snapshot-new-tables,
+// the publication watcher, until ctx ends.
 func (s *snapshotter) runWorker(ctx context.Context) {
+	var wg sync.WaitGroup
+	n := max(1, s.r.cfg.SnapshotParallel)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.worker(ctx)
+		}()
+	}
+	if s.r.cfg.SnapshotNewTables {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.watchPublication(ctx)
+		}()
+	}
+	wg.Wait()
+}
+
+// claim returns the next open snapshot no other worker runs, marking it
+// busy; release ends the claim.
+func (s *snapshotter) claim(ctx context.Context) (journal.Snapshot, bool, error) {
+	s.claimMu.Lock()
+	defer s.claimMu.Unlock() // held across the read: claims are one at a time
+	s.mu.Lock()
+	busy := make([]int64, 0, len(s.busy))
+	for id := range s.busy {
+		busy = append(busy, id)
+	}
+	s.mu.Unlock()
+	snap, ok, err := s.r.j.NextSnapshot(ctx, busy...)
+	if ok {
+		s.mu.Lock()
+		s.busy[snap.ID] = true
+		s.mu.Unlock()
+	}
+	return snap, ok, err
+}
+
+func (s *snapshotter) release(id int64) {
+	s.mu.Lock()
+	delete(s.busy, id)
+	s.mu.Unlock()
+}
+
+// worker works through open snapshot requests until ctx ends.
+func (s *snapshotter) worker(ctx context.Context) {
 	log := s.r.log
 	var conn *pgx.Conn
 	defer func() {
@@ -144,7 +199,7 @@ func (s *snapshotter) runWorker(ctx context.Context) {
 	}
 	failures := 0
 	for ctx.Err() == nil {
-		snap, ok, err := s.r.j.NextSnapshot(ctx)
+		snap, ok, err := s.claim(ctx)
 		if err != nil || !ok {
 			if err != nil && ctx.Err() == nil {
 				log.Warn("cannot read snapshot requests; retrying", "cause", err)
@@ -157,6 +212,7 @@ func (s *snapshotter) runWorker(ctx context.Context) {
 		if conn == nil || conn.IsClosed() {
 			conn, err = s.connect(ctx)
 			if err != nil {
+				s.release(snap.ID)
 				log.Warn("snapshot: cannot connect to the source database; retrying", "cause", err)
 				if !wait(snapshotPoll) {
 					return
@@ -164,7 +220,10 @@ func (s *snapshotter) runWorker(ctx context.Context) {
 				continue
 			}
 		}
+		s.r.snapRunning.Add(1)
 		err = s.snapshot(ctx, conn, snap)
+		s.r.snapRunning.Add(-1)
+		s.release(snap.ID)
 		if ctx.Err() != nil {
 			return
 		}
@@ -408,7 +467,12 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 		return err
 	}
 	if snap.Status == journal.SnapshotPending {
-		if err := s.r.j.StartSnapshot(ctx, s.gen, snap.ID); err != nil {
+		var est int64 = -1
+		// The estimate is only for status's ETA: a failure to read it is
+		// no reason to stop.
+		_ = conn.QueryRow(ctx, `SELECT coalesce(sum(greatest(c.reltuples, 0)), -1)::bigint FROM pg_partition_tree($1::regclass) p
+			JOIN pg_class c ON c.oid = p.relid WHERE p.isleaf`, pgx.Identifier{snap.Schema, snap.Table}.Sanitize()).Scan(&est)
+		if err := s.r.j.StartSnapshot(ctx, s.gen, snap.ID, est); err != nil {
 			return err
 		}
 		s.r.log.Info("snapshot started", "id", snap.ID, "table", t.entity, "chunk_size", snap.ChunkSize, "where", snap.Where)
@@ -428,6 +492,13 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 		c := &chunk{id: snap.ID, entity: t.entity, enc: t.enc, first: chunks == 0, rowsBefore: rowsDone, n: chunks + 1,
 			cancelled: cur.CancelRequested, done: make(chan struct{})}
 		c.token = s.run + ":" + strconv.FormatInt(snap.ID, 10) + ":" + strconv.FormatInt(c.n, 10)
+		if !c.cancelled {
+			// --snapshot-max-rows-per-second: wait before the window
+			// opens, so it stays as short as the read.
+			if err := s.limit.wait(ctx, snap.ChunkSize); err != nil {
+				return err
+			}
+		}
 		if err := s.emit(ctx, conn, watermark{Token: c.token, Mark: "low", Entity: t.entity, Key: t.keyName}); err != nil {
 			return err
 		}
@@ -454,6 +525,7 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 		}
 		rowsDone += int64(c.kept)
 		chunks = c.n
+		s.r.snapChunks.Add(1)
 		if c.lastKey != nil {
 			lastKey = c.lastKey
 		}
@@ -753,6 +825,7 @@ func (w *snapWindows) high(tx *decoder.Transaction, token string) *decoder.Trans
 			// Committed before the low watermark yet invisible to the
 			// SELECT: the chunk may lack its change. Read it again.
 			w.rereads++
+			w.s.r.snapRereads.Add(1)
 			w.s.r.log.Debug("snapshot chunk read again: a transaction committed before its low watermark was not visible to its SELECT",
 				"snapshot", c.id, "chunk", c.n, "xid", x)
 			return nil

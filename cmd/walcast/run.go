@@ -28,6 +28,7 @@ func newRunCmd(env Env) *cobra.Command {
 		pruneEvery    time.Duration
 		logs          logFlags
 		skipPreflight bool
+		snapshotMode  string
 		nf            natsFlags
 		embeddedNATS  string
 		embeddedStore string
@@ -73,6 +74,16 @@ database at start-up, 3 when another instance holds the slot and
 			if err := bus.CheckPrefix(prefix); err != nil {
 				return usageErrorf("run: %v", err)
 			}
+			switch snapshotMode {
+			case "":
+			case "initial":
+				rc.SnapshotInitial = true
+			default:
+				return usageErrorf("run: --snapshot %q: the only mode is \"initial\" (snapshot every published table when the journal is new); for one table use `walcast snapshot start --table`", snapshotMode)
+			}
+			if rc.SnapshotParallel < 1 || rc.SnapshotMaxRowsPerSecond < 0 || rc.SnapshotChunkSize < 1 || rc.SnapshotChunkSize > journal.MaxSnapshotChunkSize {
+				return usageErrorf("run: --snapshot-parallel must be at least 1, --snapshot-max-rows-per-second at least 0 and --snapshot-chunk-size from 1 to %d", journal.MaxSnapshotChunkSize)
+			}
 			rc.Logger = log
 			nf.cfg.Name = "walcast run"
 			return runReplicator(cmd.Context(), log, runSetup{tracing: otlpConfigured(env), rc: rc, journalURL: journalURL, schema: schema, httpListen: httpListen,
@@ -95,6 +106,12 @@ database at start-up, 3 when another instance holds the slot and
 	f.StringVar(&rc.MessagePrefix, "message-prefix", "walcast.", "logical decoding message prefix journaled as op \"message\"")
 	f.BoolVar(&rc.Standby, "standby", true, "wait as a standby while another instance holds the slot (false: exit 3)")
 	f.BoolVar(&rc.RecreateLostSlot, "recreate-lost-slot", false, "recreate a lost or vanished slot and journal a resync entry")
+	f.StringVar(&snapshotMode, "snapshot", "", "\"initial\": when the journal is new, snapshot every published table into the stream")
+	f.BoolVar(&rc.SnapshotNewTables, "snapshot-new-tables", false, "snapshot a table when it joins the publication while walcast runs (checked every 5s)")
+	f.BoolVar(&rc.ResnapshotAfterResync, "resnapshot-after-resync", true, "with the resync entry of --recreate-lost-slot, snapshot every published table again so consumers can rebuild from the stream")
+	f.IntVar(&rc.SnapshotParallel, "snapshot-parallel", 2, "tables snapshotted at once")
+	f.IntVar(&rc.SnapshotMaxRowsPerSecond, "snapshot-max-rows-per-second", 0, "cap on the rows all snapshots read per second (0: no cap)")
+	f.IntVar(&rc.SnapshotChunkSize, "snapshot-chunk-size", journal.DefaultSnapshotChunkSize, "rows per chunk of the snapshots walcast requests itself (--snapshot initial, new tables, re-snapshots)")
 	f.StringVar(&httpListen, "http-listen", "127.0.0.1:9187", "address for /metrics, /healthz and /readyz")
 	f.Int64Var(&retention.MaxRows, "retention-max-rows", 0, "keep at most this many journal entries (0: unbounded)")
 	f.Int64Var(&retention.MaxBytes, "retention-max-bytes", 0, "keep at most this many bytes of envelopes (0: unbounded)")

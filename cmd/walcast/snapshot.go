@@ -131,8 +131,9 @@ func newSnapshotStatusCmd() *cobra.Command {
 		Short: "List snapshots with their progress",
 		Long: `status lists the open snapshots (pending and running; with --all, the 100
 newest of every status), newest first: table, status, rows and chunks
-journaled, the rate since it started, and for a failed one the reason with
-its fix.
+journaled, the rate since it started, an estimate of the time left (from the
+table's row estimate when it started; with --where an upper bound), and for a
+failed one the reason with its fix.
 
 Exit status: 0, or 2 for a bad flag or an unreachable journal.`,
 		Args: cobra.NoArgs,
@@ -164,16 +165,18 @@ Exit status: 0, or 2 for a bad flag or an unreachable journal.`,
 				return withCode(exitFailed, err)
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tTABLE\tSTATUS\tROWS\tCHUNKS\tRATE\tNOTE")
+			fmt.Fprintln(tw, "ID\tTABLE\tSTATUS\tROWS\tCHUNKS\tRATE\tETA\tNOTE")
 			for _, s := range snaps {
-				rate := "-"
+				rate, eta := "-", "-"
 				if s.StartedAt != nil && s.UpdatedAt != nil && s.Rows > 0 {
 					end := *s.UpdatedAt
 					if s.FinishedAt != nil {
 						end = *s.FinishedAt
 					}
 					if d := end.Sub(*s.StartedAt); d > 0 {
-						rate = fmt.Sprintf("%.0f rows/s", float64(s.Rows)/d.Seconds())
+						perSec := float64(s.Rows) / d.Seconds()
+						rate = fmt.Sprintf("%.0f rows/s", perSec)
+						eta = snapshotETA(s, perSec)
 					}
 				}
 				note := s.Error
@@ -186,7 +189,7 @@ Exit status: 0, or 2 for a bad flag or an unreachable journal.`,
 				if note == "" {
 					note = "requested " + s.RequestedAt.UTC().Format(time.RFC3339)
 				}
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\n", s.ID, s.Entity(), s.Status, s.Rows, s.Chunks, rate, note)
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", s.ID, s.Entity(), s.Status, s.Rows, s.Chunks, rate, eta, note)
 			}
 			return withCode(exitFailed, tw.Flush())
 		},
@@ -256,4 +259,19 @@ flag or an unreachable journal.`,
 	cmd.Flags().Int64Var(&id, "id", 0, "id of the snapshot to cancel")
 	cmd.Flags().StringVar(&table, "table", "", "cancel every open snapshot of this table, schema.table")
 	return cmd
+}
+
+// snapshotETA estimates the time a running snapshot has left at perSec rows
+// a second, from the row estimate taken when it started: "-" when unknown
+// or not running, "≤ …" under --where (the estimate counts the whole table).
+func snapshotETA(s journal.Snapshot, perSec float64) string {
+	if s.Status != journal.SnapshotRunning || s.EstimatedRows == nil || perSec <= 0 {
+		return "-"
+	}
+	left := max(0, *s.EstimatedRows-s.Rows)
+	d := time.Duration(float64(left) / perSec * float64(time.Second)).Round(time.Second)
+	if s.Where != "" {
+		return "≤ " + d.String()
+	}
+	return d.String()
 }
