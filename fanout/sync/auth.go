@@ -27,6 +27,9 @@ import (
 type Claims struct {
 	Topics []string `json:"topics"`
 	Tenant string   `json:"tenant,omitempty"`
+	// Snapshot allows "snapshot":true subscriptions and GET /v1/snapshot
+	// (the claim "snapshot": true).
+	Snapshot bool `json:"snapshot,omitempty"`
 	jwt.RegisteredClaims
 }
 
@@ -62,6 +65,7 @@ func (c *Claims) UnmarshalJSON(b []byte) error {
 	errs := []error{
 		field("topics", &c.Topics),
 		field("tenant", &c.Tenant),
+		field("snapshot", &c.Snapshot),
 		field("sub", &c.Subject),
 		field("iss", &c.Issuer),
 		field("jti", &c.ID),

@@ -124,6 +124,9 @@ type Config struct {
 	// AllowedOrigins restricts browser origins at the upgrade ("*" for any).
 	// Empty allows requests without an Origin header and same-host origins.
 	AllowedOrigins []string
+	// State configures snapshots (state.go); without a source URL the node
+	// serves none.
+	State StateConfig
 
 	// Clock drives idle eviction, drop windows and token buckets; default
 	// the system clock.
@@ -214,6 +217,7 @@ type Node struct {
 	limits   clientLimits // per-address and per-subject budgets
 
 	changesHook atomic.Pointer[func(*http.Request)] // tests: runs before each /v1/changes journal read
+	state       *stateSource                        // snapshots; nil without a source (state.go)
 	reads       sharedReads
 	stats       syncStats
 	reg         metric.Registration
@@ -325,6 +329,11 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("sync: read the journal's epoch: %w", err)
 	}
 	n.epoch.Store(epoch)
+	if n.state, err = openState(ctx, cfg.State); err != nil {
+		nc.Close()
+		n.cancel()
+		return nil, err
+	}
 	if _, err := nc.Subscribe(cfg.SubjectPrefix+".resync", n.onResync); err != nil {
 		nc.Close()
 		n.cancel()
@@ -449,6 +458,7 @@ func (n *Node) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/socket", n.serveSocket)
 	mux.HandleFunc("GET /v1/changes", n.serveChanges)
+	mux.HandleFunc("GET /v1/snapshot", n.serveSnapshot)
 	mux.HandleFunc("GET /v1/events", n.serveEvents)
 	mux.HandleFunc("OPTIONS /v1/events", n.serveEventsPreflight)
 	return mux
@@ -594,10 +604,11 @@ type syncTopic struct {
 type memberState uint8
 
 const (
-	memberCatchingUp memberState = iota // reading the journal; live messages skip it
-	memberLive                          // receiving live messages
-	memberDesynced                      // a frame was dropped; waiting for the client to resubscribe
-	memberGone                          // unsubscribed or socket closed
+	memberCatchingUp   memberState = iota // reading the journal; live messages skip it
+	memberLive                            // receiving live messages
+	memberDesynced                        // a frame was dropped; waiting for the client to resubscribe
+	memberGone                            // unsubscribed or socket closed
+	memberSnapshotting                    // reading a snapshot (state.go); live messages skip it
 )
 
 // member is one socket's subscription to one topic.
@@ -616,6 +627,10 @@ type member struct {
 	epoch  int64 // the journal epoch pos is in (epoch.go)
 	repair bool  // catching up must read once more before going live
 	quiet  bool  // pos was moved by a publisher position the client has not been told of (position.go)
+	// snapshot: the client subscribed with "snapshot":true, so a resync is
+	// answered with a fresh snapshot; job is the snapshot running (state.go).
+	snapshot bool
+	job      *snapJob
 }
 
 // join adds m to its entity's topic, subscribing to NATS first if the
@@ -696,6 +711,10 @@ func (n *Node) leave(m *member) {
 	n.mu.Lock()
 	t.mu.Lock()
 	m.state = memberGone
+	if m.job != nil {
+		m.job.cancel() // a snapshot stops reading at once
+		m.job = nil
+	}
 	delete(t.members, m)
 	empty := len(t.members) == 0 && !t.gone
 	if empty {
@@ -853,8 +872,12 @@ func (m *member) deliverLocked(f *frame, seq int64) {
 
 // resyncLocked queues a resync frame f (at seq) on m's socket as a control
 // frame: it is never dropped (a socket that cannot take it is closed with
-// 1013). t.mu is held.
+// 1013). A member subscribed with "snapshot":true gets a fresh snapshot
+// instead. t.mu is held.
 func (m *member) resyncLocked(f *frame, seq int64) {
+	if m.snapshot && m.state != memberGone && m.s.startSnapshotLocked(m, "resync") {
+		return // answered with a fresh snapshot (state.go)
+	}
 	if m.s.enqueue(f, nil) {
 		m.pos = seq
 	}

@@ -120,6 +120,9 @@ type socket struct {
 	// socket holds at most maxCatchUpPages pages (each catchUpPageBytes)
 	// outside its queue, however many topics it follows.
 	catchUps chan struct{}
+	// snapSlots holds a token per snapshot this socket is reading
+	// (StateConfig.PerSocket); its other snapshots wait.
+	snapSlots chan struct{}
 
 	mu     sync.Mutex    // guards the following fields
 	queue  []queuedFrame // outbound, queue[head:] pending, oldest first
@@ -191,7 +194,7 @@ func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
 	// Reserve the slot before the upgrade so concurrent handshakes cannot
 	// overshoot MaxConnections.
 	s := &socket{n: n, claims: claims, members: map[string]*member{}, readDone: make(chan struct{}),
-		catchUps: make(chan struct{}, maxCatchUpPages)}
+		catchUps: make(chan struct{}, maxCatchUpPages), snapSlots: make(chan struct{}, max(1, n.cfg.State.PerSocket))}
 	s.ctx, s.cancel = context.WithCancel(n.ctx)
 	s.drops = DropWindow{Max: n.cfg.MaxDroppedFrames}
 	s.inbound = newTokenBucket(n.cfg.InboundRate, n.cfg.InboundBurst, n.cfg.Clock)
@@ -298,6 +301,8 @@ type clientFrame struct {
 	Topic  string `json:"topic"`
 	Cursor string `json:"cursor"`
 	Token  string `json:"token"` // refresh
+	// Snapshot asks a sub for the topic's current rows first (state.go).
+	Snapshot bool `json:"snapshot"`
 }
 
 func (s *socket) handle(b []byte) {
@@ -311,7 +316,7 @@ func (s *socket) handle(b []byte) {
 		s.enqueue(pongFrame, nil)
 		s.sendPositions()
 	case "sub":
-		s.subscribe(f.Topic, f.Cursor)
+		s.subscribe(f.Topic, f.Cursor, f.Snapshot)
 	case "refresh":
 		s.refresh(f.Token)
 	case "unsub":
@@ -356,12 +361,20 @@ func (s *socket) checkTopic(topic string) *frame {
 }
 
 // subscribe makes the socket a member of topic: live subscription first,
-// then the journal from the cursor (or from now), then live.
-func (s *socket) subscribe(topic, cursor string) {
+// then the journal from the cursor (or from now), then live. With snapshot
+// and no cursor (or one that needs a resync) the topic's rows come first
+// (state.go).
+func (s *socket) subscribe(topic, cursor string, snapshot bool) {
 	n := s.n
 	if f := s.checkTopic(topic); f != nil {
 		s.enqueue(f, nil)
 		return
+	}
+	if snapshot {
+		if code, msg := n.checkSnapshot(s.claims); code != "" {
+			s.enqueue(errorFrame(code, msg, topic), nil)
+			return
+		}
 	}
 	if old := s.members[topic]; old != nil {
 		delete(s.members, topic)
@@ -371,7 +384,7 @@ func (s *socket) subscribe(topic, cursor string) {
 		return
 	}
 	q := journal.Query{Entities: []string{topic}, Tenant: s.claims.Tenant}
-	m := &member{s: s, topic: topic, q: q, state: memberCatchingUp,
+	m := &member{s: s, topic: topic, q: q, state: memberCatchingUp, snapshot: snapshot,
 		tenantTok: bus.TenantToken(s.claims.Tenant, s.claims.Tenant != "")}
 	resync := false
 	if cursor != "" {
@@ -412,9 +425,12 @@ func (s *socket) subscribe(topic, cursor string) {
 		s.enqueue(errorFrame("unavailable", "cannot issue cursors", topic), nil)
 		return
 	}
-	if resync {
+	switch {
+	case snapshot && (cursor == "" || resync):
+		// snapshot-begin says where the topic starts; no subscribed frame.
+	case resync:
 		s.enqueue(controlFrame("resync", topic, cur), nil)
-	} else {
+	default:
 		s.enqueue(controlFrame("subscribed", topic, cur), nil)
 	}
 	if _, err := n.join(s.ctx, m); err != nil {
@@ -424,9 +440,17 @@ func (s *socket) subscribe(topic, cursor string) {
 	}
 	s.members[topic] = m
 	m.t.mu.Lock()
-	n.alignEpochLocked(m)
-	if m.state == memberCatchingUp {
-		s.startCatchUp(m)
+	if snapshot && (cursor == "" || resync) {
+		reason := ""
+		if resync {
+			reason = "resync"
+		}
+		s.startSnapshotLocked(m, reason)
+	} else {
+		n.alignEpochLocked(m)
+		if m.state == memberCatchingUp {
+			s.startCatchUp(m)
+		}
 	}
 	m.t.mu.Unlock()
 }

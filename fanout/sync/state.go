@@ -1,0 +1,789 @@
+package sync
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/journal"
+)
+
+// State: a subscription with "snapshot":true first gets the topic's current
+// rows, read from the source database, then every change after them
+// (docs/sync.md, "State, then changes", has the protocol and the argument
+// for correctness). The steps, per snapshot:
+//
+//  1. H0: the journal horizon, taken before anything else.
+//  2. In one REPEATABLE READ READ ONLY transaction on the source: S =
+//     pg_current_snapshot() and L = pg_current_wal_insert_lsn() (the first
+//     statement, which fixes the transaction's snapshot), the table's
+//     columns from the catalogs, then its rows, scoped to the socket's
+//     tenant, fetched in pages from a cursor and queued on the socket at
+//     its pace.
+//  3. The journal from a little before H0 on, in the member's scope: an
+//     entry whose transaction is visible in S is already in the rows and is
+//     skipped; any other is delivered. This ends at the first entry whose
+//     commit LSN is past L (every later one is invisible in S), or once the
+//     replicator has journaled everything up to L and the read has caught
+//     up.
+//  4. snapshot-end with the cursor of that position, and the member joins
+//     the ordinary catch-up and live path from there.
+
+// StateConfig configures snapshots ("snapshot":true subscriptions and GET
+// /v1/snapshot). Without SourceURL the node serves none.
+type StateConfig struct {
+	// SourceURL is the source database (--database-url), read with a
+	// read-only role; the node's sessions are read-only too.
+	SourceURL string
+	// Publication, when set, limits rows to what it publishes: its column
+	// list and row filter (PostgreSQL 15+), so a row frame carries exactly
+	// the columns an insert of it would. Without it every column is read.
+	Publication string
+	// TenantColumn must be `walcast run`'s --tenant-column: rows are scoped
+	// by it exactly as changes are.
+	TenantColumn string
+	// MaxConcurrent snapshots read at once on this node; more wait
+	// (default 8). It is also the size of the source connection pool.
+	MaxConcurrent int
+	// PerSocket is how many snapshots one socket reads at once; its others
+	// wait (default 1).
+	PerSocket int
+	// Timeout bounds one snapshot, from its BEGIN to its snapshot-end
+	// (default 10m): a REPEATABLE READ transaction holds back vacuum on the
+	// source while it lasts. It is also each statement's statement_timeout.
+	Timeout time.Duration
+	// PageRows is the rows fetched and held at once (default 500).
+	PageRows int
+}
+
+// Snapshot defaults.
+const (
+	DefaultMaxConcurrentSnapshots = 8
+	DefaultSnapshotTimeout        = 10 * time.Minute
+	DefaultSnapshotPageRows       = 500
+	// snapshotLookback is how many journal entries before H0 the filtered
+	// read starts, so a transaction journaled just before H0 but not yet
+	// visible to the source snapshot (a commit record is written before the
+	// transaction leaves the proc array) is delivered, not lost.
+	snapshotLookback = 1000
+)
+
+func (c *StateConfig) setDefaults() {
+	if c.MaxConcurrent <= 0 {
+		c.MaxConcurrent = DefaultMaxConcurrentSnapshots
+	}
+	if c.PerSocket <= 0 {
+		c.PerSocket = 1
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultSnapshotTimeout
+	}
+	if c.PageRows <= 0 {
+		c.PageRows = DefaultSnapshotPageRows
+	}
+}
+
+// sourceSettings are the session settings the replication connection uses
+// (DESIGN §4.7): row text forms depend on them, and a row must be encoded
+// from the same text an insert of it would be.
+var sourceSettings = map[string]string{
+	"TimeZone":                      "UTC",
+	"DateStyle":                     "ISO",
+	"IntervalStyle":                 "iso_8601",
+	"extra_float_digits":            "3",
+	"bytea_output":                  "hex",
+	"default_transaction_read_only": "on",
+	"application_name":              "walcast sync (snapshots)",
+}
+
+// stateSource is the node's side of snapshots: how to reach the source and
+// the node-wide concurrency bound. Each snapshot opens its own connection
+// (it holds it for the snapshot's whole transaction, so a pool would save
+// only the connect) and closes it when done.
+type stateSource struct {
+	cfg  StateConfig
+	conn *pgx.ConnConfig
+	sem  chan struct{} // one token per snapshot reading
+	ids  atomic.Int64
+
+	active atomic.Int64 // snapshots reading now
+	rows   atomic.Int64 // row frames sent, all snapshots
+}
+
+// openState checks the source when one is configured: it connects once,
+// so a wrong URL or password fails `walcast sync` at start.
+func openState(ctx context.Context, cfg StateConfig) (*stateSource, error) {
+	if cfg.SourceURL == "" {
+		return nil, nil
+	}
+	cfg.setDefaults()
+	cc, err := pgx.ParseConfig(cfg.SourceURL)
+	if err != nil {
+		return nil, fmt.Errorf("sync: --database-url does not parse: %w (fix: a libpq URL or DSN of the source database)", err)
+	}
+	for k, v := range sourceSettings {
+		cc.RuntimeParams[k] = v
+	}
+	cc.RuntimeParams["statement_timeout"] = strconv.FormatInt(cfg.Timeout.Milliseconds(), 10)
+	if cc.ConnectTimeout == 0 {
+		cc.ConnectTimeout = 10 * time.Second
+	}
+	st := &stateSource{cfg: cfg, conn: cc, sem: make(chan struct{}, cfg.MaxConcurrent)}
+	conn, err := st.connect(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("sync: %w", err)
+	}
+	_ = conn.Close(ctx)
+	return st, nil
+}
+
+func (st *stateSource) connect(ctx context.Context) (*pgx.Conn, error) {
+	conn, err := pgx.ConnectConfig(ctx, st.conn)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach the source database (--database-url): %w (fix: check the URL, the network and the role's password; the role needs SELECT on the published tables, see deploy/postgres/setup.sql)", err)
+	}
+	return conn, nil
+}
+
+// pgSnapshot is a pg_current_snapshot() value: xmin:xmax:xip, in 64-bit
+// (epoch-qualified) transaction ids.
+type pgSnapshot struct {
+	xmin, xmax uint64
+	xip        map[uint64]struct{}
+}
+
+func parseSnapshot(s string) (pgSnapshot, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) != 3 {
+		return pgSnapshot{}, fmt.Errorf("snapshot %q is not xmin:xmax:xip", s)
+	}
+	var p pgSnapshot
+	var err error
+	if p.xmin, err = strconv.ParseUint(parts[0], 10, 64); err != nil {
+		return pgSnapshot{}, fmt.Errorf("snapshot %q: %w", s, err)
+	}
+	if p.xmax, err = strconv.ParseUint(parts[1], 10, 64); err != nil {
+		return pgSnapshot{}, fmt.Errorf("snapshot %q: %w", s, err)
+	}
+	p.xip = map[uint64]struct{}{}
+	if parts[2] != "" {
+		for _, x := range strings.Split(parts[2], ",") {
+			v, err := strconv.ParseUint(x, 10, 64)
+			if err != nil {
+				return pgSnapshot{}, fmt.Errorf("snapshot %q: %w", s, err)
+			}
+			p.xip[v] = struct{}{}
+		}
+	}
+	return p, nil
+}
+
+// full widens an envelope's 32-bit xid to the 64-bit id of the same
+// transaction, taking the one nearest xmax: a transaction that is in the
+// journal committed within 2^31 transactions of any snapshot taken while it
+// is still being read (Postgres refuses to assign ids further apart, the
+// wraparound limit).
+func (p pgSnapshot) full(x uint32) uint64 {
+	behind := uint32(p.xmax) - x // how far x precedes xmax, modulo 2^32
+	if behind <= 1<<31 && uint64(behind) <= p.xmax {
+		return p.xmax - uint64(behind)
+	}
+	return p.xmax + uint64(x-uint32(p.xmax))
+}
+
+// visible reports whether the committed transaction x is visible in p (as
+// pg_visible_in_snapshot: before xmin, or before xmax and not in progress).
+func (p pgSnapshot) visible(x uint32) bool {
+	f := p.full(x)
+	switch {
+	case f >= p.xmax:
+		return false
+	case f < p.xmin:
+		return true
+	}
+	_, inProgress := p.xip[f]
+	return !inProgress
+}
+
+// stateTable is what a snapshot reads of its table.
+type stateTable struct {
+	entity   string
+	sql      string // the SELECT; $1 is the tenant when tenantArg
+	args     []any
+	enc      *decoder.RowEncoder
+	estimate int64
+}
+
+// errSnapshotRefused is a snapshot the node will not serve as asked (a
+// table it cannot read); its message is for the client.
+type errSnapshotRefused struct{ msg string }
+
+func (e *errSnapshotRefused) Error() string { return e.msg }
+
+func refused(format string, args ...any) error {
+	return &errSnapshotRefused{fmt.Sprintf(format, args...)}
+}
+
+// loadStateTable reads schema.table's published columns, their types and
+// replica identity, and builds the scoped SELECT, in the snapshot's
+// transaction (so the catalogs match the rows).
+func (st *stateSource) loadStateTable(ctx context.Context, tx pgx.Tx, schema, table, tenant string) (*stateTable, error) {
+	entity := decoder.EntityName(schema, table)
+	var relid uint32
+	var kind, ident string
+	var estimate float64
+	err := tx.QueryRow(ctx, `SELECT c.oid, c.relkind::text, c.relreplident::text, c.reltuples::float8
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`,
+		schema, table).Scan(&relid, &kind, &ident, &estimate)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, refused("table %s does not exist in the source database", entity)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if kind != "r" && kind != "p" {
+		return nil, refused("%s is not a table", entity)
+	}
+	published := map[string]bool{}
+	var filter *string
+	if st.cfg.Publication != "" {
+		var attnames []string
+		err := tx.QueryRow(ctx, `SELECT attnames, rowfilter FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`,
+			st.cfg.Publication, schema, table).Scan(&attnames, &filter)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, refused("table %s is not in publication %q, so its changes are not streamed", entity, st.cfg.Publication)
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, a := range attnames {
+			published[a] = true
+		}
+	}
+	rows, err := tx.Query(ctx, `SELECT a.attnum, a.attname, a.atttypid,
+			coalesce(b.nspname, ''), coalesce(b.typname, '')
+		FROM pg_attribute a
+		LEFT JOIN LATERAL (
+			WITH RECURSIVE chain(oid, depth) AS (
+				SELECT a.atttypid, 0 WHERE a.atttypid >= 10000
+				UNION ALL
+				SELECT t.typbasetype, c.depth + 1 FROM chain c JOIN pg_type t ON t.oid = c.oid
+				WHERE t.typtype = 'd' AND c.depth < 32)
+			SELECT n.nspname, t.typname FROM chain c JOIN pg_type t ON t.oid = c.oid JOIN pg_namespace n ON n.oid = t.typnamespace
+			ORDER BY c.depth DESC LIMIT 1) b ON true
+		WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum`, relid)
+	if err != nil {
+		return nil, err
+	}
+	type att struct {
+		num  int16
+		info decoder.ColumnInfo
+	}
+	var atts []att
+	for rows.Next() {
+		var a att
+		if err := rows.Scan(&a.num, &a.info.Name, &a.info.TypeOID, &a.info.BaseSchema, &a.info.BaseName); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if len(published) > 0 && !published[a.info.Name] {
+			continue
+		}
+		atts = append(atts, a)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	// Replica identity columns, flagged as pgoutput's Relation message
+	// flags them: they make the envelope's key.
+	var pk, ri []int16
+	if err := tx.QueryRow(ctx, `SELECT coalesce((SELECT indkey::int2[] FROM pg_index WHERE indrelid = $1 AND indisprimary), '{}'),
+		coalesce((SELECT indkey::int2[] FROM pg_index WHERE indrelid = $1 AND indisreplident), '{}')`, relid).Scan(&pk, &ri); err != nil {
+		return nil, err
+	}
+	identity := map[int16]bool{}
+	switch ident {
+	case "d":
+		for _, n := range pk {
+			identity[n] = true
+		}
+	case "i":
+		for _, n := range ri {
+			identity[n] = true
+		}
+	case "f":
+		for _, a := range atts {
+			identity[a.num] = true
+		}
+	}
+	t := &stateTable{entity: entity, estimate: max(0, int64(estimate))}
+	infos := make([]decoder.ColumnInfo, len(atts))
+	cols := make([]string, len(atts))
+	tenantCol := ""
+	for i, a := range atts {
+		a.info.Key = identity[a.num]
+		infos[i] = a.info
+		cols[i] = pgx.Identifier{a.info.Name}.Sanitize()
+		if st.cfg.TenantColumn != "" && a.info.Name == st.cfg.TenantColumn {
+			tenantCol = cols[i]
+		}
+	}
+	if len(cols) == 0 {
+		return nil, refused("table %s has no published columns", entity)
+	}
+	from := pgx.Identifier{schema, table}.Sanitize()
+	if kind == "r" {
+		from = "ONLY " + from
+	}
+	var conds []string
+	if filter != nil && *filter != "" {
+		conds = append(conds, "("+*filter+")")
+	}
+	// Scoped as the journal scopes changes (DESIGN §5): the tenant's rows
+	// and rows with no tenant; an unscoped reader only the latter. The
+	// text form compared is the one the decoder hoists into "tenant".
+	if tenantCol != "" {
+		if tenant == "" {
+			conds = append(conds, tenantCol+" IS NULL")
+		} else {
+			conds = append(conds, "("+tenantCol+" IS NULL OR "+tenantCol+"::text = $1)")
+			t.args = []any{tenant}
+		}
+	}
+	t.sql = "SELECT " + strings.Join(cols, ", ") + " FROM " + from
+	if len(conds) > 0 {
+		t.sql += " WHERE " + strings.Join(conds, " AND ")
+	}
+	t.enc = decoder.NewRowEncoder(schema, table, infos, st.cfg.TenantColumn)
+	return t, nil
+}
+
+// stateSink receives a snapshot's frames as JSON payloads, in order. send
+// waits for room (a snapshot is paced by its reader and never drops) and
+// fails once the reader has gone.
+type stateSink interface {
+	send(ctx context.Context, payload []byte) error
+}
+
+// stateResult is where a snapshot ended: the rows sent and the position
+// (in epoch) the changes continue after.
+type stateResult struct {
+	id, rows   int64
+	epoch, pos int64
+}
+
+// errSnapshotRestart: the journal's history moved under the snapshot (an
+// epoch change or a resync entry); it must start over.
+var errSnapshotRestart = errors.New("the journal was reset during the snapshot")
+
+// readState runs one snapshot of q's topic (steps 1–3 above), sending
+// snapshot-begin, the rows and the changes that follow them up to the
+// returned position to sink. The caller sends snapshot-end.
+func (n *Node) readState(ctx context.Context, q journal.Query, reason string, sink stateSink) (stateResult, error) {
+	st := n.state
+	topic := q.Entities[0]
+	schema, table, _ := decoder.SplitEntity(topic)
+	ctx, cancel := context.WithTimeout(ctx, st.cfg.Timeout)
+	defer cancel()
+
+	res := stateResult{id: st.ids.Add(1)}
+	res.epoch = n.epoch.Load()
+	h0, err := n.currentHorizon(ctx, q)
+	if err != nil {
+		return res, fmt.Errorf("journal horizon: %w", err)
+	}
+
+	conn, err := st.connect(ctx)
+	if err != nil {
+		return res, err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = conn.Close(cctx)
+		cancel()
+	}()
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return res, fmt.Errorf("source database: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// The first statement fixes the transaction's snapshot: S is the
+	// snapshot every row below is read in.
+	var snapText, lsnText string
+	var at time.Time
+	if err := tx.QueryRow(ctx, "SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text, now()").Scan(&snapText, &lsnText, &at); err != nil {
+		return res, fmt.Errorf("source snapshot: %w", err)
+	}
+	snap, err := parseSnapshot(snapText)
+	if err != nil {
+		return res, err
+	}
+	var walAt decoder.LSN
+	if err := walAt.UnmarshalText([]byte(lsnText)); err != nil {
+		return res, fmt.Errorf("source WAL position %q: %w", lsnText, err)
+	}
+	t, err := st.loadStateTable(ctx, tx, schema, table, q.Tenant)
+	if err != nil {
+		return res, err
+	}
+	begin, _ := json.Marshal(struct {
+		T          string `json:"t"`
+		Topic      string `json:"topic"`
+		Entity     string `json:"entity"`
+		SnapshotID int64  `json:"snapshotId"`
+		Rows       int64  `json:"rows"`
+		Reason     string `json:"reason,omitempty"`
+	}{"snapshot-begin", topic, t.entity, res.id, t.estimate, reason})
+	if err := sink.send(ctx, begin); err != nil {
+		return res, err
+	}
+	if _, err := tx.Exec(ctx, "DECLARE walcast_state NO SCROLL CURSOR FOR "+t.sql, t.args...); err != nil {
+		return res, st.classify(t.entity, err)
+	}
+	fetch := "FETCH FORWARD " + strconv.Itoa(st.cfg.PageRows) + " FROM walcast_state"
+	tq, _ := json.Marshal(topic)
+	for {
+		b := decoder.NewTxBuilder(0, walAt, walAt, at)
+		rr := tx.Conn().PgConn().ExecParams(ctx, fetch, nil, nil, nil, nil)
+		got := 0
+		for rr.NextRow() {
+			vals := rr.Values()
+			if len(vals) != t.enc.Columns() {
+				rr.Close()
+				return res, fmt.Errorf("snapshot of %s: %d columns read, %d expected", t.entity, len(vals), t.enc.Columns())
+			}
+			b.Read(t.enc, walAt, vals) // encodes (copies) the row now
+			got++
+		}
+		if _, err := rr.Close(); err != nil {
+			return res, st.classify(t.entity, err)
+		}
+		txn := b.Transaction()
+		it := txn.Changes()
+		for it.Next() {
+			c := it.Change()
+			// The SELECT is scoped already; this is the same rule once
+			// more, on the tenant exactly as the decoder hoisted it.
+			if !rowVisible(q.Tenant, c.TenantState, c.Tenant) {
+				continue
+			}
+			p := make([]byte, 0, len(c.Body)+len(tq)+24)
+			p = append(p, `{"t":"row","topic":`...)
+			p = append(p, tq...)
+			p = append(p, `,"row":`...)
+			p = append(p, c.Body...)
+			p = append(p, '}')
+			if err := sink.send(ctx, p); err != nil {
+				return res, err
+			}
+			res.rows++
+			st.rows.Add(1)
+		}
+		if err := it.Err(); err != nil {
+			return res, err
+		}
+		if got < st.cfg.PageRows {
+			break
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return res, fmt.Errorf("source database: %w", err)
+	}
+	slot := ""
+	if src, err := n.j.Source(ctx); err == nil {
+		slot = src.Slot
+	}
+	res.pos, err = n.followAfterState(ctx, q, res.epoch, h0, snap, walAt, conn, slot, sink)
+	return res, err
+}
+
+// rowVisible is DESIGN §5's tenancy rule for one row.
+func rowVisible(scope string, state decoder.TenantState, tenant string) bool {
+	switch state {
+	case decoder.TenantNone:
+		return true
+	case decoder.TenantKnown:
+		return scope != "" && tenant == scope
+	}
+	return false
+}
+
+func (st *stateSource) classify(entity string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "42501":
+			return refused("the sync node's source role may not read %s (%s); fix for the operator: GRANT SELECT ON %s TO the role of --database-url", entity, pgErr.Message, entity)
+		case "57014":
+			return refused("the snapshot of %s took longer than the node's --snapshot-timeout", entity)
+		}
+	}
+	return fmt.Errorf("snapshot of %s: %w", entity, err)
+}
+
+// followAfterState delivers, after the rows, the journal entries of q's
+// scope that the rows do not contain: from a little before h0 on, every
+// entry except those of transactions visible in snap. It returns the
+// position after which every entry is invisible in snap, so the ordinary
+// path can take over from there.
+func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 int64, snap pgSnapshot, walAt decoder.LSN,
+	src *pgx.Conn, slot string, sink stateSink) (int64, error) {
+	j := n.j
+	tq, _ := json.Marshal(q.Entities[0])
+	pos := max(0, h0-snapshotLookback)
+	passed := false // an entry committed after walAt was read: every later one is invisible in snap
+	for {
+		// Whether everything committed up to walAt is journaled, checked
+		// before the read that then covers it.
+		covered := passed
+		if !covered {
+			if wm, err := j.Watermark(ctx); err == nil && wm >= walAt {
+				covered = true
+			} else if slot != "" {
+				var confirmed *string
+				if err := src.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&confirmed); err == nil && confirmed != nil {
+					var c decoder.LSN
+					if c.UnmarshalText([]byte(*confirmed)) == nil && c >= walAt {
+						covered = true
+					}
+				}
+			}
+		}
+		for {
+			cq := q
+			cq.MaxBytes = n.catchUpPageBytes()
+			var err error
+			if cq.Cursor, err = j.CursorAt(q, epoch, pos); err != nil {
+				return 0, err
+			}
+			res, err := j.Changes(ctx, cq)
+			if err != nil {
+				return 0, fmt.Errorf("journal read: %w", err)
+			}
+			if res.ResyncRequired {
+				if res.Reason == journal.ResyncPruned && pos < h0 {
+					pos = h0 // the look-back reached below the retained floor
+					continue
+				}
+				return 0, errSnapshotRestart
+			}
+			if res.Epoch != epoch {
+				return 0, errSnapshotRestart
+			}
+			for _, e := range res.Changes {
+				var head struct {
+					Xid       uint32      `json:"xid"`
+					CommitLSN decoder.LSN `json:"commitLsn"`
+				}
+				if err := json.Unmarshal(e.Envelope, &head); err != nil {
+					return 0, fmt.Errorf("journal entry %d: %w", e.Seq, err)
+				}
+				if head.CommitLSN > walAt {
+					passed = true
+				} else if snap.visible(head.Xid) {
+					continue // in the rows already
+				}
+				p := make([]byte, 0, len(e.Envelope)+len(tq)+28)
+				p = append(p, `{"t":"change","topic":`...)
+				p = append(p, tq...)
+				p = append(p, `,"change":`...)
+				p = append(p, e.Envelope...)
+				p = append(p, '}')
+				if err := sink.send(ctx, p); err != nil {
+					return 0, err
+				}
+			}
+			if pos, err = j.CursorPosition(res.Cursor); err != nil {
+				return 0, err
+			}
+			if !res.More {
+				break
+			}
+		}
+		if covered || passed {
+			return pos, nil
+		}
+		// Not yet journaled up to walAt: wait for the journal to move (or
+		// a moment, for the replicator to confirm an idle source's
+		// position).
+		wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		_, _ = j.Wait(wctx, pos)
+		cancel()
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// snapshotEndPayload is {"t":"snapshot-end",…} with the cursor the changes
+// continue after.
+func snapshotEndPayload(topic, cursor string, r stateResult) []byte {
+	b, _ := json.Marshal(struct {
+		T          string `json:"t"`
+		Topic      string `json:"topic"`
+		Entity     string `json:"entity"`
+		SnapshotID int64  `json:"snapshotId"`
+		Rows       int64  `json:"rows"`
+		Cursor     string `json:"cursor"`
+	}{"snapshot-end", topic, topic, r.id, r.rows, cursor})
+	return b
+}
+
+// checkSnapshot says whether claims may take a snapshot of a topic on this
+// node: the error code and message to answer with, or "".
+func (n *Node) checkSnapshot(claims *Claims) (code, msg string) {
+	if n.state == nil {
+		return "snapshot-unavailable", "this node serves no snapshots (it was started without --database-url); subscribe without snapshot"
+	}
+	if !claims.Snapshot {
+		return "forbidden", `the token does not allow snapshots: it needs the claim "snapshot": true`
+	}
+	return "", ""
+}
+
+// socketSink queues a snapshot's frames on a socket, waiting for room:
+// snapshot frames are never dropped, and the queue's bound paces the read.
+type socketSink struct {
+	s *socket
+	m *member
+	j *snapJob
+}
+
+func (k socketSink) send(ctx context.Context, payload []byte) error {
+	f := newFrame(payload)
+	for {
+		if !k.m.ownsJob(k.j) {
+			return context.Canceled
+		}
+		queued, wait := k.s.enqueueReplay(f)
+		if queued {
+			return nil
+		}
+		if wait == nil {
+			return context.Canceled // the socket is closing
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// snapJob is a member's running snapshot; cancel ends it.
+type snapJob struct {
+	cancel context.CancelFunc
+}
+
+// ownsJob reports whether j is still m's snapshot.
+func (m *member) ownsJob(j *snapJob) bool {
+	m.t.mu.Lock()
+	defer m.t.mu.Unlock()
+	return m.job == j && m.state == memberSnapshotting
+}
+
+// startSnapshotLocked (re)starts m's snapshot on a goroutine the socket
+// owns: m receives nothing else until its snapshot-end. It reports false
+// when the socket is closing. t.mu is held.
+func (s *socket) startSnapshotLocked(m *member, reason string) bool {
+	if m.job != nil {
+		m.job.cancel()
+		m.job = nil
+	}
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return false
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	ctx, cancel := context.WithCancel(s.ctx)
+	j := &snapJob{cancel: cancel}
+	m.job, m.state = j, memberSnapshotting
+	go func() {
+		defer s.wg.Done()
+		defer cancel()
+		s.runSnapshot(ctx, m, j, reason)
+	}()
+	return true
+}
+
+// snapshotAttempts bounds how often a snapshot starts over because the
+// journal was reset under it.
+const snapshotAttempts = 3
+
+// runSnapshot reads m's snapshot (waiting for the socket's and the node's
+// snapshot slots), then hands m to the ordinary catch-up path.
+func (s *socket) runSnapshot(ctx context.Context, m *member, j *snapJob, reason string) {
+	n := s.n
+	st := n.state
+	select {
+	case s.snapSlots <- struct{}{}:
+	case <-ctx.Done():
+		return
+	}
+	defer func() { <-s.snapSlots }()
+	select {
+	case st.sem <- struct{}{}:
+	case <-ctx.Done():
+		return
+	}
+	st.active.Add(1)
+	defer func() {
+		st.active.Add(-1)
+		<-st.sem
+	}()
+	sink := socketSink{s: s, m: m, j: j}
+	var res stateResult
+	var err error
+	for attempt := 0; attempt < snapshotAttempts; attempt++ {
+		res, err = n.readState(ctx, m.q, reason, sink)
+		if !errors.Is(err, errSnapshotRestart) {
+			break
+		}
+		reason = "resync"
+	}
+	if err != nil {
+		if ctx.Err() != nil || !m.ownsJob(j) {
+			return // unsubscribed, superseded or closed
+		}
+		var ref *errSnapshotRefused
+		msg := "the snapshot failed; subscribe again to retry"
+		if errors.As(err, &ref) {
+			msg = ref.msg
+		} else {
+			n.warnEvery("snapshot", "snapshot failed", "topic", m.topic, "err", err)
+		}
+		s.enqueue(errorFrame("snapshot-failed", msg+"; the subscription has ended", m.topic), nil)
+		n.leave(m)
+		return
+	}
+	t := m.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if m.job != j || m.state != memberSnapshotting {
+		return
+	}
+	m.job = nil
+	cur, err := n.j.CursorAt(m.q, res.epoch, res.pos)
+	if err != nil {
+		s.enqueue(errorFrame("unavailable", "cannot issue cursors", m.topic), nil)
+		return
+	}
+	m.pos, m.epoch, m.state = res.pos, res.epoch, memberCatchingUp
+	s.enqueue(newFrame(snapshotEndPayload(m.topic, cur, res)), nil)
+	n.alignEpochLocked(m)
+	if m.state == memberCatchingUp {
+		s.startCatchUp(m)
+	}
+}
