@@ -571,9 +571,10 @@ func (s *snapshotter) emit(ctx context.Context, conn *pgx.Conn, w watermark) err
 }
 
 // recentXids is how many of the newest committed transactions the stream
-// loop remembers (snapWindows.recent): far more than can be committing at
-// once, so an in-progress transaction of a chunk's SELECT whose commit came
-// before the low watermark is always among them.
+// loop remembers (snapWindows.recent), with the tables they changed: far
+// more than can be committing at once, so an in-progress transaction of a
+// chunk's SELECT whose commit came before the low watermark is always among
+// them.
 const recentXids = 1 << 16
 
 // The SELECT's snapshot and the stream. A transaction writes its commit
@@ -669,33 +670,70 @@ type snapWindows struct {
 	open     []*window // in low watermark order
 	progress map[*decoder.Transaction]*journal.SnapshotProgress
 
-	// recent holds the xids of the newest recentXids committed
-	// transactions (ring, in commit order), so high can tell whether a
-	// transaction the chunk's SELECT saw in progress had committed before
-	// the low watermark.
-	recent  map[uint32]int // xid → occurrences in ring
+	// recent holds the newest recentXids committed transactions (ring, in
+	// commit order) with the tables they changed, so high can tell
+	// whether a transaction the chunk's SELECT saw in progress had
+	// changed the chunk's table and committed before the low watermark.
+	recent  map[uint32]touched // xid → the newest of its ring entries
 	ring    []uint32
 	ringPos int
 	rereads int64 // chunks read again for such a transaction (tests)
 }
 
-// remember records a committed transaction's xid.
-func (w *snapWindows) remember(xid uint32) {
+// touched is what a remembered transaction changed: up to two entities,
+// or many (more, or not known).
+type touched struct {
+	n    int // ring entries with this xid (2 only after xid wraparound)
+	ents [2]string
+	k    int
+	many bool
+}
+
+func (t touched) has(entity string) bool {
+	return t.many || t.ents[0] == entity && t.k > 0 || t.ents[1] == entity && t.k > 1
+}
+
+// touchedBy lists the entities tx changed (cheaply: decoder counts, never
+// a re-read of a spilled transaction).
+func touchedBy(tx *decoder.Transaction) touched {
+	var t touched
+	if !tx.CountChanges(func(entity string, _ decoder.Op, _ int) {
+		switch {
+		case t.many:
+		case t.k > 0 && t.ents[0] == entity, t.k > 1 && t.ents[1] == entity:
+		case t.k < len(t.ents):
+			t.ents[t.k] = entity
+			t.k++
+		default:
+			t.many = true
+		}
+	}) {
+		t.many = true
+	}
+	return t
+}
+
+// remember records a committed transaction's xid and what it changed.
+func (w *snapWindows) remember(xid uint32, t touched) {
 	if w.recent == nil {
-		w.recent = make(map[uint32]int, recentXids)
+		w.recent = make(map[uint32]touched, recentXids)
 		w.ring = make([]uint32, 0, recentXids)
 	}
 	if len(w.ring) < recentXids {
 		w.ring = append(w.ring, xid)
 	} else {
 		old := w.ring[w.ringPos]
-		if w.recent[old]--; w.recent[old] <= 0 {
+		if o := w.recent[old]; o.n <= 1 {
 			delete(w.recent, old)
+		} else {
+			o.n--
+			w.recent[old] = o
 		}
 		w.ring[w.ringPos] = xid
 		w.ringPos = (w.ringPos + 1) % recentXids
 	}
-	w.recent[xid]++
+	t.n = w.recent[xid].n + 1
+	w.recent[xid] = t
 }
 
 // process handles the committed transactions txs, in commit order: it
@@ -731,7 +769,7 @@ func (w *snapWindows) process(txs []*decoder.Transaction) ([]*decoder.Transactio
 				}
 			}
 		}
-		w.remember(txs[i].Xid)
+		w.remember(txs[i].Xid, touchedBy(txs[i]))
 	}
 	return txs, w.progress
 }
@@ -821,9 +859,10 @@ func (w *snapWindows) high(tx *decoder.Transaction, token string) *decoder.Trans
 		if _, in := win.committed[x]; in {
 			continue // committed in the window: its keys are in changed
 		}
-		if w.recent[x] > 0 {
-			// Committed before the low watermark yet invisible to the
-			// SELECT: the chunk may lack its change. Read it again.
+		if t, ok := w.recent[x]; ok && t.has(c.entity) {
+			// Changed the chunk's table, committed before the low
+			// watermark, yet invisible to the SELECT: the chunk may lack
+			// its change. Read it again.
 			w.rereads++
 			w.s.r.snapRereads.Add(1)
 			w.s.r.log.Debug("snapshot chunk read again: a transaction committed before its low watermark was not visible to its SELECT",

@@ -18,15 +18,17 @@ func TestSnapshotChunkInvisibleCommitReread(t *testing.T) {
 	enc := decoder.NewRowEncoder("public", "t", []decoder.ColumnInfo{{Name: "id", TypeOID: 23, Key: true}}, "")
 	cases := []struct {
 		name        string
-		beforeLow   []uint32 // committed before the low watermark
+		beforeLow   []uint32 // committed before the low watermark, changing public.t
+		other       []uint32 // committed before the low watermark, changing another table only
 		inWindow    []uint32 // committed between the watermarks
 		invisible   []uint32 // in progress for the SELECT
 		wantJournal bool
 	}{
-		{"nothing in progress", []uint32{7}, nil, nil, true},
-		{"in progress, committed in the window", []uint32{7}, []uint32{9}, []uint32{9}, true},
-		{"in progress, still running at the high watermark", []uint32{7}, nil, []uint32{11}, true},
-		{"committed before the low watermark but invisible", []uint32{7, 8}, []uint32{9}, []uint32{8, 9}, false},
+		{"nothing in progress", []uint32{7}, nil, nil, nil, true},
+		{"in progress, committed in the window", []uint32{7}, nil, []uint32{9}, []uint32{9}, true},
+		{"in progress, still running at the high watermark", []uint32{7}, nil, nil, []uint32{11}, true},
+		{"committed before the low watermark but invisible", []uint32{7, 8}, nil, []uint32{9}, []uint32{8, 9}, false},
+		{"committed before the low watermark, invisible, another table", []uint32{7}, []uint32{8}, nil, []uint32{8}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -34,13 +36,16 @@ func TestSnapshotChunkInvisibleCommitReread(t *testing.T) {
 			s := newSnapshotter(r, 1)
 			w := &snapWindows{s: s}
 			for _, x := range tc.beforeLow {
-				w.remember(x)
+				w.remember(x, touched{ents: [2]string{"public.other", "public.t"}, k: 2})
+			}
+			for _, x := range tc.other {
+				w.remember(x, touched{ents: [2]string{"public.other"}, k: 1})
 			}
 			win := &window{token: "tok", entity: "public.t", key: []string{"id"}, changed: map[string]struct{}{}, committed: map[uint32]struct{}{}}
 			w.open = []*window{win}
 			for _, x := range tc.inWindow {
 				win.committed[x] = struct{}{}
-				w.remember(x)
+				w.remember(x, touched{many: true})
 			}
 			c := &chunk{token: "tok", id: 1, entity: "public.t", enc: enc, first: true, n: 1, done: make(chan struct{}),
 				rows: [][][]byte{{[]byte("1")}, {[]byte("2")}}, invisible: tc.invisible}
@@ -66,19 +71,39 @@ func TestSnapshotChunkInvisibleCommitReread(t *testing.T) {
 // once full, and counts an xid seen twice (wraparound) until both leave.
 func TestSnapWindowsRecentBounded(t *testing.T) {
 	w := &snapWindows{}
-	w.remember(5)
+	w.remember(5, touched{})
 	for i := range recentXids - 1 {
-		w.remember(uint32(1000 + i))
+		w.remember(uint32(1000+i), touched{})
 	}
-	if w.recent[5] != 1 || len(w.ring) != recentXids {
-		t.Fatalf("full ring: recent[5]=%d, len %d", w.recent[5], len(w.ring))
+	if w.recent[5].n != 1 || len(w.ring) != recentXids {
+		t.Fatalf("full ring: recent[5]=%d, len %d", w.recent[5].n, len(w.ring))
 	}
-	w.remember(5) // replaces the first 5
-	if w.recent[5] != 1 {
-		t.Fatalf("after replacing the oldest 5 with a new one: %d", w.recent[5])
+	w.remember(5, touched{many: true}) // replaces the first 5
+	if w.recent[5].n != 1 || !w.recent[5].many {
+		t.Fatalf("after replacing the oldest 5 with a new one: %+v", w.recent[5])
 	}
-	w.remember(6) // replaces 1000
-	if w.recent[1000] != 0 || len(w.recent) != recentXids {
-		t.Fatalf("oldest not forgotten: %d, %d entries", w.recent[1000], len(w.recent))
+	w.remember(6, touched{}) // replaces 1000
+	if _, in := w.recent[1000]; in || len(w.recent) != recentXids {
+		t.Fatalf("oldest not forgotten: %d entries", len(w.recent))
+	}
+}
+
+// TestTouchedBy: the entities a transaction changed, two at most before it
+// counts as many.
+func TestTouchedBy(t *testing.T) {
+	ch := func(e string) decoder.Change {
+		return decoder.Change{Entity: e, Op: decoder.OpInsert, Body: []byte(`{}`)}
+	}
+	tx := func(cs ...decoder.Change) *decoder.Transaction {
+		return decoder.NewTransaction(1, 1, 2, time.Now(), cs)
+	}
+	if got := touchedBy(tx(ch("a"), ch("a"), ch("b"), ch("a"))); !got.has("a") || !got.has("b") || got.has("c") || got.many {
+		t.Fatalf("two tables: %+v", got)
+	}
+	if got := touchedBy(tx(ch("a"), ch("b"), ch("c"))); !got.many || !got.has("z") {
+		t.Fatalf("three tables: %+v", got)
+	}
+	if got := touchedBy(tx()); got.has("a") {
+		t.Fatalf("no change: %+v", got)
 	}
 }
