@@ -48,6 +48,26 @@ func (j *Journal) Wait(ctx context.Context, after int64) (int64, error) {
 	}
 }
 
+// wakeLocal tells this process's waiters that an append committed entries
+// up to h (with epoch, when the append started one; else 0). The NOTIFY of
+// the same append follows and changes nothing.
+func (j *Journal) wakeLocal(h, epoch int64) {
+	j.lmu.Lock()
+	l := j.listener
+	j.lmu.Unlock()
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	ready := l.ready
+	l.mu.Unlock()
+	if ready {
+		// Before the listener's first read it cannot tell an epoch
+		// change; its own read will.
+		l.publish(h, epoch, epoch != 0)
+	}
+}
+
 func (j *Journal) startListener() (*listener, error) {
 	j.lmu.Lock()
 	defer j.lmu.Unlock()

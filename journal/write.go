@@ -261,6 +261,9 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 	res.Entries = int(written)
 	if written > 0 {
 		res.FirstSeq, res.LastSeq = nextSeq, src.next-1
+		// Waiters in this process (the publisher beside the replicator)
+		// learn of the commit now, not a NOTIFY round trip later.
+		j.wakeLocal(src.next-1, o.epoch)
 	}
 	res.TenantUnknown = src.unknown
 	reuse = true
