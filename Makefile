@@ -3,17 +3,41 @@ BIN       := bin/walcast
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 
-.PHONY: build test bench bench-e2e demo lint clean
+.PHONY: build test js-test console js-pack bench bench-e2e demo lint clean
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/walcast
 
-# The whole suite, against a real PostgreSQL 15 the tests start themselves.
-test:
+# The whole suite, against a real PostgreSQL 15 the tests start themselves;
+# first the browser client's unit tests. The Go suite includes the browser
+# test (TestBrowser: Debian's Chromium, see .ci/run) and the check that the
+# console bundle committed in fanout/sync/console is fresh.
+test: js-test
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m ./...
 
-# A throwaway PostgreSQL, walcast verify, walcast run with embedded NATS and
+JS := fanout/client/js
+
+# The browser client's unit tests (node's test runner); npm ci when its
+# node_modules are missing.
+js-test:
+	cd $(JS) && { [ -d node_modules ] || npm ci --no-audit --no-fund; } && npm test
+
+# Rebuild the console and client bundle `walcast sync --console` embeds
+# (fanout/sync/console); commit the result (TestConsoleBundleFresh checks).
+console:
+	cd $(JS) && { [ -d node_modules ] || npm ci --no-audit --no-fund; } && node scripts/bundle.mjs
+
+# Pack @walcast/client with the binary's version: a tag v1.2.3 gives 1.2.3,
+# anything else 0.0.0-dev.<git describe>. The tree keeps 0.0.0-dev.
+js-pack:
+	@v='$(VERSION)'; case "$$v" in v[0-9]*.[0-9]*.[0-9]*) v=$${v#v};; *) v=0.0.0-dev.$$(echo "$$v" | tr -c 'A-Za-z0-9.\n-' '-');; esac; \
+	d=$$(mktemp -d) && cp -r $(JS)/package.json $(JS)/package-lock.json $(JS)/tsconfig.json $(JS)/README.md $(JS)/src $(JS)/console $$d/ && \
+	ln -s $(CURDIR)/$(JS)/node_modules $$d/node_modules && \
+	(cd $$d && npm pkg set version=$$v && sed -i "s/'0.0.0-dev'/'$$v'/" src/version.ts && npm pack --pack-destination $(CURDIR)/bin) && rm -rf $$d
+
+# A throwaway PostgreSQL, walcast verify, walcast run with embedded NATS,
+# walcast sync --console (it prints the console's URL and a demo token) and
 # walcast tail while the script writes; Ctrl-C stops it all.
 demo: build
 	bash deploy/demo/demo.sh

@@ -45,6 +45,7 @@ type syncFlags struct {
 	tlsKey          string
 	origins         []string
 	trustedProxies  []string
+	console         bool
 	cfg             syncnode.Config
 	logs            logFlags
 }
@@ -111,6 +112,7 @@ Exit status: 0 after a clean stop (SIGINT/SIGTERM), 1 when the node fails,
 	f.StringVar(&sf.tlsCert, "tls-cert-file", "", "serve HTTPS/WSS with this certificate (with --tls-key-file)")
 	f.StringVar(&sf.tlsKey, "tls-key-file", "", "key of --tls-cert-file")
 	f.StringSliceVar(&sf.origins, "allowed-origins", nil, "browser origins allowed at the upgrade (\"*\" for any; default: same host or none)")
+	f.BoolVar(&sf.console, "console", false, "also serve the live console at /console (paste a token, watch topics) and the browser client at /console/walcast.js")
 	f.StringVar(&sf.cfg.State.SourceURL, "database-url", "", "source database for snapshots (\"snapshot\":true subscriptions, GET /v1/snapshot), read with a read-only role; empty: no snapshots")
 	f.StringVar(&sf.cfg.State.Publication, "publication", "", "with --database-url: the publication whose column lists and row filters shape snapshot rows (empty: every column)")
 	f.StringVar(&sf.cfg.State.TenantColumn, "tenant-column", "", "with --database-url: walcast run's --tenant-column, scoping snapshot rows as changes are")
@@ -241,6 +243,10 @@ func runSync(ctx context.Context, log *slog.Logger, sf *syncFlags) error {
 	scheme := "ws"
 	if tlsCfg != nil {
 		scheme = "wss"
+	}
+	if sf.console {
+		srv.Handler = node.HandlerWithConsole()
+		log.Info("console enabled", "url", strings.Replace(scheme, "ws", "http", 1)+"://"+ln.Addr().String()+"/console/")
 	}
 	log.Info("walcast sync starting", "version", version, "listen", scheme+"://"+ln.Addr().String()+"/v1/socket",
 		"http", ops.Addr(), "journal_schema", j.Schema(), "subject_prefix", sf.prefix,

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # walcast demo: a throwaway PostgreSQL 15, `walcast verify`, `walcast run` with
-# its embedded NATS server, and `walcast tail` printing every envelope while
-# this script makes direct-SQL writes. Ctrl-C stops everything it started.
+# its embedded NATS server, `walcast sync --console` (a sync node with the live
+# console; the script prints its URL and a demo token), and `walcast tail`
+# printing every envelope while this script makes direct-SQL writes. Ctrl-C
+# stops everything it started.
 #
 #   make demo                         # interactive: keeps running until Ctrl-C
 #   DEMO_NONINTERACTIVE=1 make demo   # CI: exits once every envelope arrived
@@ -60,6 +62,8 @@ chmod 755 "$DIR"
 PGPORT=$(free_port 55432)
 NATSPORT=$(free_port 4222)
 HTTPPORT=$(free_port 9187)
+SYNCPORT=$(free_port 8080)
+SYNCOPS=$(free_port 9288)
 PIDS=()
 
 cleanup() {
@@ -101,6 +105,38 @@ for _ in $(seq 1 100); do
 done
 grep -q 'msg=streaming' "$DIR/run.log" || { cat "$DIR/run.log" >&2; die "walcast run did not start streaming"; }
 
+say "walcast sync --console on 127.0.0.1:$SYNCPORT; its log is in $DIR/sync.log"
+command -v openssl >/dev/null 2>&1 || die "openssl not found (it signs the demo token): apt-get install -y openssl"
+JWT_SECRET=$(openssl rand -hex 32)
+"$WALCAST_BIN" sync --console --journal-url "$URL" --nats-url "nats://127.0.0.1:$NATSPORT" \
+  --cursor-secret "$(openssl rand -hex 32)" --jwt-secret "$JWT_SECRET" \
+  --listen "127.0.0.1:$SYNCPORT" --http-listen "127.0.0.1:$SYNCOPS" --log-format text >"$DIR/sync.log" 2>&1 &
+PIDS+=($!)
+SYNCPID=$!
+for _ in $(seq 1 100); do
+  if grep -q 'msg="console enabled"' "$DIR/sync.log" 2>/dev/null; then break; fi
+  kill -0 "$SYNCPID" 2>/dev/null || { cat "$DIR/sync.log" >&2; die "walcast sync exited"; }
+  sleep 0.1
+done
+grep -q 'msg="console enabled"' "$DIR/sync.log" || { cat "$DIR/sync.log" >&2; die "walcast sync did not start its console"; }
+# A demo token (HS256, a day) for the demo's two tables.
+b64url() { openssl base64 -A | tr '+/' '-_' | tr -d '='; }
+JWT_HEAD=$(printf '{"alg":"HS256","typ":"JWT"}' | b64url)
+JWT_BODY=$(printf '{"sub":"demo","topics":["public.orders","public.customers"],"exp":%d}' $(($(date +%s) + 86400)) | b64url)
+JWT_SIG=$(printf '%s.%s' "$JWT_HEAD" "$JWT_BODY" | openssl dgst -sha256 -hmac "$JWT_SECRET" -binary | b64url)
+DEMO_TOKEN="$JWT_HEAD.$JWT_BODY.$JWT_SIG"
+console_help() {
+  say "live console: http://127.0.0.1:$SYNCPORT/console/  (paste the token, topics public.orders, public.customers)"
+  printf '   demo token: %s\n' "$DEMO_TOKEN" >&2
+}
+# The node must accept the token it is shown with.
+exec 3<>"/dev/tcp/127.0.0.1/$SYNCPORT"
+printf 'GET /console/stats HTTP/1.0\r\nAuthorization: Bearer %s\r\n\r\n' "$DEMO_TOKEN" >&3
+STATUS=$(head -1 <&3)
+exec 3<&-
+case "$STATUS" in *" 200 "*) ;; *) cat "$DIR/sync.log" >&2; die "the sync node refused the demo token: $STATUS" ;; esac
+console_help
+
 COUNT=0
 [ -n "$NONINTERACTIVE" ] && COUNT=7
 say "walcast tail: every envelope published to NATS, one JSON line each"
@@ -130,6 +166,7 @@ if [ -n "$NONINTERACTIVE" ]; then
   exit 0
 fi
 
+console_help
 say "try your own writes:  ${PSQL[*]}"
 say "Ctrl-C stops walcast, NATS and PostgreSQL and removes $DIR"
 wait "$TAIL"
