@@ -7,6 +7,10 @@
 -- Then check the result with:
 --   walcast verify --database-url postgres://walcast:change-me@host/app --publication walcast
 --
+-- For sync nodes that serve snapshots (walcast sync --database-url), add
+--   -v sync_role=walcast_sync -v sync_password='change-me-too'
+-- to also create a read-only role for them (see the end of this file).
+--
 -- wal_level must be logical (ALTER SYSTEM SET wal_level = logical; then
 -- restart PostgreSQL); this script does not restart anything.
 
@@ -27,3 +31,14 @@ WHERE NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = :'publication') \
 
 -- SELECT on every published table.
 SELECT format('GRANT SELECT ON %s TO %I', :'tables', :'role') \gexec
+
+-- The sync nodes' role (only with -v sync_role=…): it reads the published
+-- tables for snapshots and nothing else — no REPLICATION, no writes, its
+-- sessions read-only by default. Skipped when sync_role is not set.
+\if :{?sync_role}
+SELECT format('CREATE ROLE %I LOGIN NOREPLICATION PASSWORD %L', :'sync_role', :'sync_password')
+WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :'sync_role') \gexec
+SELECT format('ALTER ROLE %I WITH LOGIN NOREPLICATION NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS', :'sync_role') \gexec
+SELECT format('ALTER ROLE %I SET default_transaction_read_only = on', :'sync_role') \gexec
+SELECT format('GRANT SELECT ON %s TO %I', :'tables', :'sync_role') \gexec
+\endif
