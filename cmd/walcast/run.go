@@ -29,6 +29,7 @@ func newRunCmd(env Env) *cobra.Command {
 		logs          logFlags
 		skipPreflight bool
 		snapshotMode  string
+		jsCfg         publish.JetStreamConfig
 		nf            natsFlags
 		embeddedNATS  string
 		embeddedStore string
@@ -89,7 +90,7 @@ database at start-up, 3 when another instance holds the slot and
 			return runReplicator(cmd.Context(), log, runSetup{tracing: otlpConfigured(env), rc: rc, journalURL: journalURL, schema: schema, httpListen: httpListen,
 				retention: retention, pruneEvery: pruneEvery, preflight: !skipPreflight,
 				nats: nf.cfg, embeddedNATS: embeddedNATS, embeddedStore: embeddedStore, prefix: prefix,
-				journalTimeout: journalTO, shutdownTimeout: shutdownTO})
+				journalTimeout: journalTO, shutdownTimeout: shutdownTO, jetstream: jsPtr(jsCfg)})
 		},
 	}
 	f := cmd.Flags()
@@ -130,6 +131,10 @@ database at start-up, 3 when another instance holds the slot and
 	f.StringVar(&embeddedNATS, "embedded-nats-listen", "127.0.0.1:4222", "address of the embedded NATS server, when --nats-url is empty")
 	f.StringVar(&embeddedStore, "embedded-nats-store-dir", "", "enable JetStream on the embedded NATS server with its store here")
 	f.StringVar(&prefix, "subject-prefix", "walcast", "first token of every NATS subject")
+	f.StringVar(&jsCfg.Stream, "jetstream-stream", "", "store every entry exactly once, in order, in this JetStream stream (created over <prefix>.change.>, <prefix>.message.>, <prefix>.resync if missing; an existing one must match)")
+	f.IntVar(&jsCfg.Replicas, "jetstream-replicas", 1, "replicas of the JetStream stream (an existing stream must have as many)")
+	f.DurationVar(&jsCfg.MaxAge, "jetstream-max-age", 0, "max age of the JetStream stream's messages when walcast creates it (0: unlimited)")
+	f.DurationVar(&jsCfg.DuplicateWindow, "jetstream-duplicate-window", 2*time.Minute, "duplicate window of the JetStream stream when walcast creates it (at least 1m; exactness does not depend on it)")
 	logs.register(cmd)
 	return cmd
 }
@@ -148,6 +153,7 @@ type runSetup struct {
 	nats          bus.NATSConfig
 	embeddedNATS  string
 	embeddedStore string
+	jetstream     *publish.JetStreamConfig
 	prefix        string
 	tracing       bool // an OTLP endpoint is configured: export traces
 
@@ -254,7 +260,10 @@ func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
 		return withCode(exitUsage, err)
 	}
 	defer nc.Close()
-	pub := publish.New(publish.Config{Prefix: s.prefix, Logger: log}, j, nc)
+	pub := publish.New(publish.Config{Prefix: s.prefix, Logger: log, JetStream: s.jetstream}, j, nc)
+	if err := pub.CheckJetStream(ctx); err != nil {
+		return withCode(exitUsage, err)
+	}
 	if err := pub.RegisterMetrics(metrics.Meter("walcast/publish")); err != nil {
 		return withCode(exitFailed, err)
 	}
@@ -295,7 +304,11 @@ func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
 		defer wg.Done()
 		// Only the active instance publishes: a standby's journal view is
 		// the same, and two publishers would double every message.
-		r.WhileActive(ctx, func(actx context.Context) { _ = pub.Run(actx) })
+		r.WhileActive(ctx, func(actx context.Context) {
+			if err := pub.Run(actx); err != nil {
+				log.Error("publishing stopped; the journal keeps every entry and a restart publishes them", "err", err)
+			}
+		})
 	}()
 	if retention != (journal.Retention{}) {
 		wg.Add(1)
@@ -379,4 +392,12 @@ func startupError(err error) error {
 		return withCode(exitUsage, err)
 	}
 	return withCode(exitFailed, err)
+}
+
+// jsPtr is the JetStream configuration, nil when no stream is named.
+func jsPtr(c publish.JetStreamConfig) *publish.JetStreamConfig {
+	if c.Stream == "" {
+		return nil
+	}
+	return &c
 }

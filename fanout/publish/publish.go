@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
@@ -50,7 +51,11 @@ type Config struct {
 	// published on bus.PositionSubject while it publishes (once more when
 	// it has caught up); default 1 s.
 	PositionInterval time.Duration
-	Logger           *slog.Logger
+	// JetStream, when set, stores every entry in a JetStream stream,
+	// exactly once and in order (jetstream.go); nil publishes to core
+	// NATS.
+	JetStream *JetStreamConfig
+	Logger    *slog.Logger
 }
 
 // Publisher publishes journaled envelopes to NATS in seq order. It runs beside
@@ -77,9 +82,17 @@ type Publisher struct {
 	epoch      int64        // the journal epoch of the last read; owned by Run
 	epochKnown bool         // owned by Run
 	posSent    int64        // the position last published on bus.PositionSubject; owned by Run
-	posAt      time.Time    // when; owned by Run
-	count      atomic.Uint64
-	oversize   atomic.Uint64
+
+	// JetStream mode (jetstream.go); owned by Run.
+	js          jetstream.JetStream
+	stream      jetstream.Stream
+	jsReconcile bool         // reconcile with the stream before publishing
+	jsLastID    string       // message id the next publish chains on ("" : jsLastSeq)
+	jsLastSeq   uint64       // the stream's last sequence, when it holds no message
+	ackLatency  atomic.Int64 // ns to store the last batch (metrics)
+	posAt       time.Time    // when; owned by Run
+	count       atomic.Uint64
+	oversize    atomic.Uint64
 
 	byEntity *decoder.Counters                  // published by entity and op, read by metrics
 	counts   map[string]*decoder.EntityCounters // byEntity's entries by entity; owned by Run
@@ -168,6 +181,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 	if err := bus.CheckPrefix(p.cfg.Prefix); err != nil {
 		return fmt.Errorf("publish: %w", err)
 	}
+	if err := p.initJetStream(); err != nil {
+		return err
+	}
 	bo := backoff.New(200*time.Millisecond, 10*time.Second)
 	var pos int64
 	loaded := false
@@ -180,6 +196,12 @@ func (p *Publisher) Run(ctx context.Context) error {
 				loaded = true
 				p.published.Store(pos)
 				p.savedPos = pos
+			}
+		}
+		if err == nil && p.js != nil {
+			pos, err = p.prepareJS(ctx, pos)
+			if errors.Is(err, ErrStreamMismatch) {
+				return fmt.Errorf("publish: %w", err)
 			}
 		}
 		if err == nil {
@@ -201,6 +223,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 		// the same Msg-Id).
 		pos = p.savedPos
 		p.published.Store(pos)
+		p.jsReconcile = p.js != nil
 		if !failing {
 			p.log.Warn("publishing paused; the journal keeps advancing and publishing resumes from the last acknowledged entry",
 				"err", err, "published", pos)
@@ -284,18 +307,27 @@ func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
 // the batch is in ctx.
 func (p *Publisher) publish(ctx context.Context, pos int64, entries []journal.Entry) (int64, error) {
 	max := int(p.nc.MaxPayload())
+	var msgs []*nats.Msg
+	var seqs []int64
 	for i := range entries {
 		msg, over, err := p.message(&entries[i], max)
 		if err != nil {
 			return pos, err
 		}
-		if err := p.nc.PublishMsg(msg); err != nil {
+		if p.js != nil {
+			msgs, seqs = append(msgs, msg), append(seqs, entries[i].Seq)
+		} else if err := p.nc.PublishMsg(msg); err != nil {
 			return pos, fmt.Errorf("publish seq %d to %s: %w", entries[i].Seq, msg.Subject, err)
 		}
 		p.count.Add(1)
 		p.countPublished(&entries[i])
 		if over {
 			p.oversize.Add(1)
+		}
+	}
+	if p.js != nil {
+		if _, err := p.publishJS(ctx, msgs, seqs); err != nil {
+			return pos, err
 		}
 	}
 	last := entries[len(entries)-1].Seq
@@ -343,6 +375,14 @@ var errReconnected = errors.New("the NATS connection was re-established; message
 // to the old one may never have reached a server, so the publisher rewinds
 // (Run) and republishes from the saved position instead.
 func (p *Publisher) record(ctx context.Context, seq int64) error {
+	if p.js != nil {
+		// Every entry up to seq was acknowledged by the stream.
+		if err := p.j.SetPublished(ctx, seq); err != nil {
+			return err
+		}
+		p.recorded, p.savedPos = time.Now(), seq
+		return nil
+	}
 	fctx, cancel := context.WithTimeout(ctx, p.cfg.FlushTimeout)
 	defer cancel()
 	if err := p.nc.FlushWithContext(fctx); err != nil {

@@ -26,6 +26,7 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 // pubFixture is a journal, a NATS server and helpers to append changes.
 type pubFixture struct {
 	t     *testing.T
+	url   string
 	j     *journal.Journal
 	ns    *natstest.Server
 	gen   int64
@@ -46,7 +47,7 @@ func newPubFixture(t *testing.T, configure ...func(*server.Options)) *pubFixture
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &pubFixture{t: t, j: j, ns: natstest.Start(t, configure...), gen: gen, lsn: 0x1000000}
+	return &pubFixture{t: t, url: url, j: j, ns: natstest.Start(t, configure...), gen: gen, lsn: 0x1000000}
 }
 
 // change builds a change body as the decoder would.

@@ -1,0 +1,299 @@
+package publish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/walcast/walcast/fanout/bus"
+)
+
+// JetStream mode (walcast run --jetstream-stream). The publisher stores
+// every journaled entry in a JetStream stream exactly once and in seq order,
+// whatever the dedup window, NATS node failures or walcast restarts:
+//
+//   - every message carries Nats-Expected-Last-Msg-Id, the message id of the
+//     entry published before it, so the stream stores a message only right
+//     after its predecessor: a lost message makes every later one fail
+//     instead of leaving a hole;
+//   - the published position advances only over acknowledged messages;
+//   - after any failure, and at start, the publisher reconciles with the
+//     stream: it reads the stream's last message, and continues after the
+//     entry it holds (its Walcast-Seq), chaining on its message id. What
+//     the stream holds is the truth, so an entry acknowledged but not yet
+//     recorded in the journal is never stored twice, however long walcast
+//     was away.
+//
+// Nats-Msg-Id deduplication still drops a retry of a message whose
+// acknowledgement was lost (nats.go retries a publish that found no
+// responders), which happens within seconds: the window need only cover
+// that (MinDuplicateWindow).
+
+// JetStreamConfig configures JetStream mode.
+type JetStreamConfig struct {
+	Stream string // stream name (required)
+	// Replicas of a stream the publisher creates (default 1); an existing
+	// stream must have this many.
+	Replicas int
+	// MaxAge of the stream's messages (0: kept until removed otherwise).
+	MaxAge time.Duration
+	// DuplicateWindow of a stream the publisher creates (default 2m, at
+	// least MinDuplicateWindow); an existing stream's must be at least
+	// MinDuplicateWindow.
+	DuplicateWindow time.Duration
+	// AckTimeout bounds the wait for a batch's acknowledgements (default
+	// 10s).
+	AckTimeout time.Duration
+}
+
+// MinDuplicateWindow is the shortest duplicate window walcast accepts: it
+// must outlast nats.go's publish retries and a reconnect.
+const MinDuplicateWindow = time.Minute
+
+// streamSubjects are the subjects walcast stores: every entry's, not the
+// publisher's position (bus.PositionSubject).
+func streamSubjects(prefix string) []string {
+	return []string{prefix + ".change.>", prefix + ".message.>", prefix + ".resync"}
+}
+
+func (c *JetStreamConfig) setDefaults() {
+	if c.Replicas <= 0 {
+		c.Replicas = 1
+	}
+	if c.DuplicateWindow <= 0 {
+		c.DuplicateWindow = 2 * time.Minute
+	}
+	if c.AckTimeout <= 0 {
+		c.AckTimeout = 10 * time.Second
+	}
+}
+
+// ErrStreamMismatch: an existing stream of the configured name is not fit
+// for walcast; nothing was published. The error says what differs and how
+// to fix it.
+var ErrStreamMismatch = errors.New("the JetStream stream does not match what walcast needs")
+
+// ensureStream creates the stream, or checks an existing one.
+func (p *Publisher) ensureStream(ctx context.Context) (jetstream.Stream, error) {
+	c := p.cfg.JetStream
+	want := streamSubjects(p.cfg.Prefix)
+	s, err := p.js.Stream(ctx, c.Stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		s, err = p.js.CreateStream(ctx, jetstream.StreamConfig{
+			Name: c.Stream, Subjects: want, Storage: jetstream.FileStorage, Replicas: c.Replicas,
+			MaxAge: c.MaxAge, Duplicates: c.DuplicateWindow, Retention: jetstream.LimitsPolicy, Discard: jetstream.DiscardOld,
+			Description: "walcast: every journaled entry once, in seq order (Nats-Msg-Id <journal>:<epoch>:<seq>)",
+		})
+		if err != nil {
+			return nil, fmt.Errorf("create JetStream stream %q: %w (fix: check the account may create streams and the cluster has %d servers for the replicas)", c.Stream, err, c.Replicas)
+		}
+		p.log.Info("created the JetStream stream", "stream", c.Stream, "subjects", want, "replicas", c.Replicas, "duplicate_window", c.DuplicateWindow)
+		return s, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up JetStream stream %q: %w (fix: check that the NATS servers run JetStream)", c.Stream, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read JetStream stream %q: %w", c.Stream, err)
+	}
+	sc := info.Config
+	var bad []string
+	for _, w := range want {
+		if !slices.Contains(sc.Subjects, w) {
+			bad = append(bad, fmt.Sprintf("its subjects %v lack %q", sc.Subjects, w))
+		}
+	}
+	for _, s := range sc.Subjects {
+		if !slices.Contains(want, s) {
+			bad = append(bad, fmt.Sprintf("it also holds %q (walcast must be its only writer, and %q carries no entries)", s, bus.PositionSubject(p.cfg.Prefix)))
+		}
+	}
+	if sc.Replicas != c.Replicas {
+		bad = append(bad, fmt.Sprintf("it has %d replicas, not %d", sc.Replicas, c.Replicas))
+	}
+	if sc.Duplicates < MinDuplicateWindow {
+		bad = append(bad, fmt.Sprintf("its duplicate window is %s, under %s", sc.Duplicates, MinDuplicateWindow))
+	}
+	if sc.Storage != jetstream.FileStorage {
+		bad = append(bad, "it is not on file storage")
+	}
+	if len(bad) > 0 {
+		return nil, fmt.Errorf("%w: stream %q: %s (fix: nats stream edit %s --subjects %q --replicas %d --dupe-window %s, or name another stream with --jetstream-stream and walcast creates it)",
+			ErrStreamMismatch, c.Stream, strings.Join(bad, "; "), c.Stream, strings.Join(want, ","), c.Replicas, c.DuplicateWindow)
+	}
+	return s, nil
+}
+
+// reconcile reads the stream's last message and returns the position to
+// continue from (the journal seq it holds, or pos when the stream holds no
+// entry of this journal's current history) and the message id the next
+// publish must chain on ("" for an empty stream).
+func (p *Publisher) reconcile(ctx context.Context, pos int64) (int64, error) {
+	info, err := p.stream.Info(ctx)
+	if err != nil {
+		return pos, fmt.Errorf("read JetStream stream %q: %w", p.cfg.JetStream.Stream, err)
+	}
+	if info.State.Msgs == 0 {
+		// Nothing to chain on (a new stream, or every message aged out):
+		// the first publish expects the stream's last sequence instead.
+		p.jsLastID, p.jsLastSeq = "", info.State.LastSeq
+		return pos, nil
+	}
+	m, err := p.stream.GetMsg(ctx, info.State.LastSeq)
+	if err != nil {
+		return pos, fmt.Errorf("read the last message of JetStream stream %q: %w", p.cfg.JetStream.Stream, err)
+	}
+	id := m.Header.Get(bus.HeaderMsgID)
+	jid, epoch, seq, ok := parseMsgID(id)
+	if !ok || jid != p.id {
+		return pos, fmt.Errorf("%w: the last message of stream %q (sequence %d, subject %s, Nats-Msg-Id %q) was not published by this journal's walcast (fix: give each journal a stream of its own with --jetstream-stream)",
+			ErrStreamMismatch, p.cfg.JetStream.Stream, m.Sequence, m.Subject, id)
+	}
+	p.jsLastID, p.jsLastSeq = id, 0
+	lg, err := p.j.ReadAfter(ctx, max(seq-1, 0), 1)
+	if err != nil {
+		return pos, err
+	}
+	switch {
+	case len(lg.Entries) > 0 && lg.Entries[0].Seq == seq && lg.Entries[0].Epoch == epoch:
+		// The stream holds the journal's history up to seq.
+		if seq != pos {
+			p.log.Info("JetStream stream reconciled: continuing after its last entry", "stream", p.cfg.JetStream.Stream, "seq", seq, "journal_published", pos)
+		}
+		return seq, nil
+	case seq >= lg.EpochSeq || (len(lg.Entries) > 0 && lg.Entries[0].Seq == seq):
+		// Its last entry is of a history the journal no longer has (a
+		// restore, a reset): the journal's current epoch goes after it.
+		// Everything before the epoch's first entry is history both share,
+		// and the stream holds it (its messages are chained).
+		p.log.Warn("the JetStream stream ends with an entry of another journal epoch; publishing the current epoch after it",
+			"stream", p.cfg.JetStream.Stream, "stream_last", id, "epoch_first_seq", lg.EpochSeq)
+		return lg.EpochSeq - 1, nil
+	default:
+		// Its last entry was pruned from the journal: the stream is at
+		// least as far as the journal's retention.
+		return max(pos, seq), nil
+	}
+}
+
+// parseMsgID splits <journal id hex>:<epoch hex>:<seq>.
+func parseMsgID(id string) (journalID string, epoch, seq int64, ok bool) {
+	parts := strings.Split(id, ":")
+	if len(parts) != 3 || len(parts[1]) != 16 {
+		return "", 0, 0, false
+	}
+	e, err1 := strconv.ParseUint(parts[1], 16, 63)
+	s, err2 := strconv.ParseInt(parts[2], 10, 64)
+	if err1 != nil || err2 != nil || s <= 0 {
+		return "", 0, 0, false
+	}
+	return parts[0], int64(e), s, true
+}
+
+// publishJS stores entries' messages in the stream, chained, and waits for
+// every acknowledgement; it returns the last seq stored. On any failure it
+// returns an error and the caller reconciles before publishing again.
+func (p *Publisher) publishJS(ctx context.Context, msgs []*nats.Msg, seqs []int64) (int64, error) {
+	futures := make([]jetstream.PubAckFuture, len(msgs))
+	start := time.Now()
+	for i, m := range msgs {
+		var opt jetstream.PublishOpt
+		if p.jsLastID != "" {
+			opt = jetstream.WithExpectLastMsgID(p.jsLastID)
+		} else {
+			opt = jetstream.WithExpectLastSequence(p.jsLastSeq)
+		}
+		f, err := p.js.PublishMsgAsync(m, opt)
+		if err != nil {
+			return 0, fmt.Errorf("publish seq %d to JetStream: %w", seqs[i], err)
+		}
+		futures[i] = f
+		p.jsLastID = m.Header.Get(bus.HeaderMsgID)
+	}
+	timer := time.NewTimer(p.cfg.JetStream.AckTimeout)
+	defer timer.Stop()
+	for i, f := range futures {
+		select {
+		case ack := <-f.Ok():
+			_ = ack
+		case err := <-f.Err():
+			return 0, fmt.Errorf("JetStream did not store seq %d: %w", seqs[i], err)
+		case <-timer.C:
+			return 0, fmt.Errorf("JetStream acknowledged none of seq %d and later within %s", seqs[i], p.cfg.JetStream.AckTimeout)
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	p.ackLatency.Store(int64(time.Since(start)))
+	return seqs[len(seqs)-1], nil
+}
+
+// prepareJS finds or creates the stream and, after a start or a failure,
+// reconciles with it; it returns the position to publish after.
+func (p *Publisher) prepareJS(ctx context.Context, pos int64) (int64, error) {
+	if p.stream == nil {
+		s, err := p.ensureStream(ctx)
+		if err != nil {
+			return pos, err
+		}
+		p.stream = s
+	}
+	if !p.jsReconcile {
+		return pos, nil
+	}
+	next, err := p.reconcile(ctx, pos)
+	if err != nil {
+		return pos, err
+	}
+	p.jsReconcile = false
+	p.published.Store(next)
+	return next, nil
+}
+
+// initJetStream sets up JetStream mode once, when configured.
+func (p *Publisher) initJetStream() error {
+	if p.cfg.JetStream == nil || p.js != nil {
+		return nil
+	}
+	if p.cfg.JetStream.Stream == "" {
+		return errors.New("publish: JetStream mode needs a stream name (--jetstream-stream)")
+	}
+	p.cfg.JetStream.setDefaults()
+	if p.cfg.JetStream.DuplicateWindow < MinDuplicateWindow {
+		return fmt.Errorf("publish: a JetStream duplicate window of %s is under %s (fix: --jetstream-duplicate-window 2m)", p.cfg.JetStream.DuplicateWindow, MinDuplicateWindow)
+	}
+	js, err := jetstream.New(p.nc, jetstream.WithPublishAsyncMaxPending(2*p.cfg.BatchSize))
+	if err != nil {
+		return fmt.Errorf("publish: JetStream: %w", err)
+	}
+	p.js, p.jsReconcile = js, true
+	return nil
+}
+
+// CheckJetStream creates or checks the configured stream now, so that
+// `walcast run` refuses to start on a stream it cannot use (ErrStreamMismatch,
+// with the fix) instead of failing once it becomes active. Without
+// JetStream mode it does nothing.
+func (p *Publisher) CheckJetStream(ctx context.Context) error {
+	if err := p.initJetStream(); err != nil || p.js == nil {
+		return err
+	}
+	s, err := p.ensureStream(ctx)
+	if err != nil {
+		return fmt.Errorf("publish: %w", err)
+	}
+	p.stream = s
+	return nil
+}
+
+// AckLatency is how long the stream took to acknowledge the last batch
+// (JetStream mode; 0 before the first).
+func (p *Publisher) AckLatency() time.Duration { return time.Duration(p.ackLatency.Load()) }
