@@ -1,0 +1,64 @@
+// The driver of TestBrowserPipeline (fanout/sync/pipeline_browser_test.go),
+// started with the whole pipeline running behind WALCAST_BASE: the sync node
+// (console at /console/, this directory at /test/, tokens at /token) and the
+// test's workload at POST /control/workload, which commits the changes in
+// SQL and answers when they are committed, with the n of the last one.
+// Each step waits for the page's state with a deadline, never a sleep.
+// It prints one JSON line: what the page received and holds, for the Go
+// test to check against the table and the workload.
+import { chromium } from 'playwright-core';
+
+const base = process.env.WALCAST_BASE;
+const topic = process.env.WALCAST_TOPIC;
+const consoleToken = process.env.WALCAST_CONSOLE_TOKEN;
+const shot = process.env.WALCAST_SCREENSHOT;
+const deadline = 30_000;
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
+    '--disable-component-update', '--disable-sync'],
+});
+let out;
+try {
+  const ctx = await browser.newContext();
+  const page = await ctx.newPage();
+  page.on('pageerror', (e) => console.error('page error:', e.message));
+
+  // 1. The page connects with a short-lived token and receives the
+  // table's rows (snapshot).
+  await page.goto(`${base}/test/pipeline.html?topic=${encodeURIComponent(topic)}`);
+  await page.waitForFunction(() => window.ready === true, null, { timeout: deadline });
+
+  // 2. The console, connected before the workload, shows it arriving.
+  const c = await ctx.newPage();
+  await c.goto(`${base}/console/`);
+  await c.fill('#token', consoleToken);
+  await c.fill('#topics', topic);
+  await c.click('#connect');
+  await c.waitForFunction(() => document.getElementById('state').textContent === 'open', null, { timeout: deadline });
+
+  // 3. The workload: changes committed in SQL over several token lives.
+  const r = await fetch(`${base}/control/workload`, { method: 'POST' });
+  if (!r.ok) throw new Error(`workload: ${r.status} ${await r.text()}`);
+  const { last } = await r.json();
+  await page.waitForFunction((n) => window.maxN >= n, last, { timeout: deadline });
+  await c.waitForFunction(() => document.querySelectorAll('tr.change').length >= 10, null, { timeout: deadline });
+  await c.waitForFunction(() => /sockets_open/.test(document.getElementById('counters').textContent), null, { timeout: deadline });
+  const consoleRows = await c.evaluate(() => document.querySelectorAll('tr.change').length);
+  if (shot) await c.screenshot({ path: shot, fullPage: true });
+
+  out = await page.evaluate(() => ({
+    stream: window.stream,
+    rows: window.rows(),
+    sockets: window.sockets,
+    refreshes: window.refreshes,
+    refreshed: window.refreshed,
+    tokens: window.tokens,
+    errors: window.errors,
+  }));
+  out.consoleRows = consoleRows;
+} finally {
+  await browser.close();
+}
+console.log(JSON.stringify(out));
