@@ -495,9 +495,24 @@ func TestLostSlot(t *testing.T) {
 	p = startWalcast(t, runArgs(url, "--recreate-lost-slot")...)
 	waitUntil(t, "active", 30*time.Second, func() bool { return strings.HasPrefix(p.readyz(), "active") })
 	execSQL(t, url, `INSERT INTO items VALUES (2, 'after')`)
-	waitUntil(t, "resync and the new change", 30*time.Second, func() bool {
+	// After the resync, the new change, and (--resnapshot-after-resync, on
+	// by default) a snapshot of every published table: it brings back the
+	// rows whose inserts were lost with the slot.
+	waitUntil(t, "resync, the new change and the re-snapshot", 30*time.Second, func() bool {
 		items := journalItems(t, url)
-		return len(items) == 3 && items[1].ID == "resync" && items[2].ID == "insert:public.items:2"
+		if len(items) < 3 || items[1].ID != "resync" {
+			return false
+		}
+		have := map[string]bool{}
+		for _, it := range items[2:] {
+			have[it.ID] = true
+		}
+		for _, id := range []string{"insert:public.items:2", "read:public.items:1", "read:public.items:100", "read:public.items:104"} {
+			if !have[id] {
+				return false
+			}
+		}
+		return true
 	})
 }
 
