@@ -29,7 +29,9 @@ import (
 //
 //	go test ./replication -run '^$' -bench E2ESnapshot -benchtime 1x
 //
-// WALCAST_BENCH_ROWS sets the table's rows (default 1,000,000).
+// WALCAST_BENCH_ROWS sets the table's rows (default 1,000,000),
+// WALCAST_BENCH_CHUNK the chunk size (default the journal's, 4096), and
+// WALCAST_BENCH_LIVE=0 leaves the live writer out.
 func BenchmarkE2ESnapshot(b *testing.B) {
 	rows := 1_000_000
 	if v, err := strconv.Atoi(os.Getenv("WALCAST_BENCH_ROWS")); err == nil && v > 0 {
@@ -97,7 +99,7 @@ func BenchmarkE2ESnapshot(b *testing.B) {
 				return
 			}
 			defer w.Close(ctx)
-			for wctx.Err() == nil {
+			for wctx.Err() == nil && os.Getenv("WALCAST_BENCH_LIVE") != "0" {
 				if _, err := w.Exec(ctx, "INSERT INTO live DEFAULT VALUES"); err != nil {
 					b.Error(err)
 					return
