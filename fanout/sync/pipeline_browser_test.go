@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
+	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/fanout/bus"
 	"github.com/walcast/walcast/fanout/publish"
 	"github.com/walcast/walcast/internal/natstest"
@@ -58,6 +59,7 @@ const (
 // and a token issuer at /token) on a loopback address.
 type browserPipeline struct {
 	src  string // the source database
+	j    *journal.Journal
 	node *Node
 	base string // the node's URL, http://127.0.0.1:port
 	// tokens counts the tokens /token issued.
@@ -77,6 +79,7 @@ func newBrowserPipeline(t *testing.T, control http.Handler) *browserPipeline {
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.j = j
 	ns := natstest.Start(t)
 	pubConn, err := nats.Connect(ns.URL(), nats.MaxReconnects(-1))
 	if err != nil {
@@ -108,9 +111,15 @@ func newBrowserPipeline(t *testing.T, control http.Handler) *browserPipeline {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/test/", http.StripPrefix("/test/", http.FileServer(http.Dir(filepath.Join(jsDir, "test", "browser")))))
+	// GET /token?ttl=short: a token of pipelineTokenTTL; ttl=long: of 40
+	// days (past setTimeout's 2^31 - 1 ms).
 	mux.HandleFunc("/token", func(w http.ResponseWriter, r *http.Request) {
+		ttl := pipelineTokenTTL
+		if r.URL.Query().Get("ttl") == "long" {
+			ttl = 40 * 24 * time.Hour
+		}
 		c := Claims{Topics: []string{pipelineTopic}, Snapshot: true, RegisteredClaims: jwt.RegisteredClaims{
-			Subject: "page", ExpiresAt: jwt.NewNumericDate(time.Now().Add(pipelineTokenTTL))}}
+			Subject: "page", ExpiresAt: jwt.NewNumericDate(time.Now().Add(ttl))}}
 		s, err := jwt.NewWithClaims(jwt.SigningMethodHS256, c).SignedString(syncJWTSecret)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -153,15 +162,47 @@ func newBrowserPipeline(t *testing.T, control http.Handler) *browserPipeline {
 	return p
 }
 
+// seed commits rows that predate the page (they reach it in its snapshot)
+// and waits until they are journaled and published, so a subscription
+// from the horizon starts after them.
+func (p *browserPipeline) seed(t *testing.T, sql string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, p.src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var lsn string
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+		t.Fatal(err)
+	}
+	after, err := decoder.ParseLSN(lsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the seed rows journaled and published", func() bool {
+		st, err := p.j.State(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Watermark >= after && st.Published >= st.Horizon
+	})
+}
+
 // pipelineWorkload commits n changes to items, each statement its own
 // transaction except every 50th step, a transaction of three changes
 // (insert, update, delete): inserts of new ids, updates, key changes and
 // deletes, at least pace apart. Every insert and update sets n to a
 // counter of its own, so a change is identified by its n ("n<n>"), a
 // delete by its key ("d<id>": ids are never reused). It records each
-// change in v in commit order (one connection, one commit after the
-// other) and returns the n of the last change, an insert.
-func pipelineWorkload(ctx context.Context, url string, v *journaltest.Validator, n int, pace time.Duration) (last int, err error) {
+// change with Commit of every validator in vs, in commit order (one
+// connection, one commit after the other), and returns the n of the last
+// change, an insert.
+func pipelineWorkload(ctx context.Context, url string, vs []*journaltest.Validator, n int, pace time.Duration) (last int, err error) {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return 0, err
@@ -238,7 +279,9 @@ func pipelineWorkload(ctx context.Context, url string, v *journaltest.Validator,
 				return 0, err
 			}
 		}
-		v.Commit(changes...)
+		for _, v := range vs {
+			v.Commit(changes...)
+		}
 		done += len(changes)
 	}
 	return counter, nil
@@ -268,8 +311,9 @@ type pageChange struct {
 // screenshot of the console showing the same changes arriving live.
 func TestBrowserPipeline(t *testing.T) {
 	needJS(t, true)
-	v := journaltest.New()
-	var last atomic.Int64
+	// The workload's changes, checked against the live() page's stream (v)
+	// and the long-lived-token client's (vLong).
+	v, vLong := journaltest.New(), journaltest.New()
 	var p *browserPipeline
 	control := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/control/workload" || r.Method != http.MethodPost {
@@ -277,20 +321,18 @@ func TestBrowserPipeline(t *testing.T) {
 			return
 		}
 		start := time.Now()
-		n, err := pipelineWorkload(r.Context(), p.src, v, pipelineChanges, pipelinePace)
+		n, err := pipelineWorkload(r.Context(), p.src, []*journaltest.Validator{v, vLong}, pipelineChanges, pipelinePace)
 		if err != nil {
 			t.Errorf("workload: %v", err)
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
-		last.Store(int64(n))
 		t.Logf("workload: %d changes committed in %v", pipelineChanges, time.Since(start).Round(time.Millisecond))
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]int{"last": n})
 	})
 	p = newBrowserPipeline(t, control)
-	// Rows that predate the page: its snapshot.
-	pgtest.MustExec(t, p.src, `INSERT INTO items SELECT g, 'seed', 0 FROM generate_series(1, 200) g`)
+	p.seed(t, `INSERT INTO items SELECT g, 'seed', 0 FROM generate_series(1, 200) g`)
 
 	shot := filepath.Join(artifactDir(t), "console-pipeline.png")
 	_ = os.Remove(shot) // a stale one must not pass for this run's
@@ -306,13 +348,18 @@ func TestBrowserPipeline(t *testing.T) {
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("browser driver: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
 	}
+	type sockets struct{ Sockets, Refreshes, Refreshed, Tokens int }
 	var out struct {
-		Stream                        []pageChange
-		Rows                          []map[string]any
-		Sockets, Refreshes, Refreshed int
-		Tokens                        int
-		ConsoleRows                   int
-		Errors                        []string
+		Stream      []pageChange
+		Rows        []map[string]any
+		ConsoleRows int
+		Errors      []string
+		sockets
+		Long struct {
+			sockets
+			Stream []pageChange
+			Errors []string
+		}
 	}
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &out); err != nil {
@@ -322,26 +369,35 @@ func TestBrowserPipeline(t *testing.T) {
 		t.Logf("driver stderr:\n%s", s)
 	}
 
-	// 1. The stream: every committed change once, in commit order.
+	// 1. The streams: every committed change once, in commit order, to
+	// the live() page and to the client of long-lived tokens alike.
 	var lats []float64
 	for _, c := range out.Stream {
-		var id string
-		switch {
-		case c.Op == "delete" && c.ID != nil:
-			id = fmt.Sprintf("d%d", *c.ID)
-		case c.N != nil:
-			id = fmt.Sprintf("n%d", *c.N)
-		default:
-			id = fmt.Sprintf("%s seq %d without key.id or after.n", c.Op, c.Seq)
-		}
-		v.Observe(journaltest.Item{Seq: c.Seq, Entity: pipelineTopic, EntitySeq: c.EntitySeq, ID: id})
 		lats = append(lats, c.At-c.Commit)
 	}
-	if err := v.Check(); err != nil {
-		t.Errorf("the page's stream (%d changes):\n%v", len(out.Stream), err)
-	}
-	if v.Observed() != pipelineChanges {
-		t.Errorf("the page received %d changes, the workload committed %d", v.Observed(), pipelineChanges)
+	for _, s := range []struct {
+		name   string
+		v      *journaltest.Validator
+		stream []pageChange
+	}{{"the live() page's stream", v, out.Stream}, {"the stream of the client of long-lived tokens", vLong, out.Long.Stream}} {
+		for _, c := range s.stream {
+			var id string
+			switch {
+			case c.Op == "delete" && c.ID != nil:
+				id = fmt.Sprintf("d%d", *c.ID)
+			case c.N != nil:
+				id = fmt.Sprintf("n%d", *c.N)
+			default:
+				id = fmt.Sprintf("%s seq %d without key.id or after.n", c.Op, c.Seq)
+			}
+			s.v.Observe(journaltest.Item{Seq: c.Seq, Entity: pipelineTopic, EntitySeq: c.EntitySeq, ID: id})
+		}
+		if err := s.v.Check(); err != nil {
+			t.Errorf("%s (%d changes):\n%v", s.name, len(s.stream), err)
+		}
+		if s.v.Observed() != pipelineChanges {
+			t.Errorf("%s: %d changes, the workload committed %d", s.name, s.v.Observed(), pipelineChanges)
+		}
 	}
 
 	// 2. The page's state is the table.
@@ -377,6 +433,10 @@ func TestBrowserPipeline(t *testing.T) {
 	}
 	if len(out.Errors) > 0 {
 		t.Errorf("the page's client reported errors: %v", out.Errors)
+	}
+	// Its token outlives the test: nothing to refresh, one socket.
+	if l := out.Long; l.Refreshes != 0 || l.Sockets != 1 || len(l.Errors) > 0 {
+		t.Errorf("the client of 40-day tokens sent %d refresh frames over %d sockets (want 0 over 1); errors: %v", l.Refreshes, l.Sockets, l.Errors)
 	}
 
 	// 4. The console showed the changes arriving.

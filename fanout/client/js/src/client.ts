@@ -468,6 +468,14 @@ export class Client {
     const left = exp * 1000 - this.clock.now();
     if (left <= 0) return; // the node closes with 4100; onEnd gets a new token
     const wait = Math.max(left - (this.opts.refreshBefore ?? 30_000), left / 2, 1000);
+    // setTimeout fires at once for a delay above 2^31 - 1 ms (24.8 days):
+    // a token that lives longer would be refreshed in a loop until the
+    // node closes the socket (4429). Wait the longest a timer can, then
+    // look again.
+    if (wait > maxTimerDelay) {
+      this.refreshTimer = this.after(maxTimerDelay, () => this.scheduleRefresh());
+      return;
+    }
     this.refreshTimer = this.after(wait, () => void this.refresh());
   }
 
@@ -618,6 +626,9 @@ export class Client {
     this.store.set(st.topic, cursor);
   }
 }
+
+/** The longest delay setTimeout honours (2^31 - 1 ms); longer ones fire at once. */
+const maxTimerDelay = 2 ** 31 - 1;
 
 function giveUpHint(code: number): string {
   switch (code) {

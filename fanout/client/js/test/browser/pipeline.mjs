@@ -19,6 +19,17 @@ const browser = await chromium.launch({
   args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
     '--disable-component-update', '--disable-sync'],
 });
+// waitPage waits for fn on the page; on a timeout it says what the page had.
+const waitPage = async (page, what, fn, arg) => {
+  try {
+    await page.waitForFunction(fn, arg, { timeout: deadline });
+  } catch (e) {
+    const st = await page.evaluate(() => ({ state: window.client.state, ...window.short, changes: window.stream.length, maxN: window.maxN,
+      errors: window.errors, long: { state: window.longClient.state, ...window.long, stream: window.long.stream.length } }));
+    throw new Error(`${what}: ${e.message}; the page: ${JSON.stringify(st)}`);
+  }
+};
+
 let out;
 try {
   const ctx = await browser.newContext();
@@ -28,7 +39,7 @@ try {
   // 1. The page connects with a short-lived token and receives the
   // table's rows (snapshot).
   await page.goto(`${base}/test/pipeline.html?topic=${encodeURIComponent(topic)}`);
-  await page.waitForFunction(() => window.ready === true, null, { timeout: deadline });
+  await waitPage(page, 'the snapshot and the second subscription', () => window.ready === true && window.long.subscribed === true);
 
   // 2. The console, connected before the workload, shows it arriving.
   const c = await ctx.newPage();
@@ -42,7 +53,9 @@ try {
   const r = await fetch(`${base}/control/workload`, { method: 'POST' });
   if (!r.ok) throw new Error(`workload: ${r.status} ${await r.text()}`);
   const { last } = await r.json();
-  await page.waitForFunction((n) => window.maxN >= n, last, { timeout: deadline });
+  // (or a client gave up: the Go test says what went wrong)
+  await waitPage(page, `the last change (n=${last})`, (n) => (window.maxN >= n && window.long.stream.some((c) => c.n === n)) ||
+    window.client.state === 'failed' || window.longClient.state === 'failed', last);
   await c.waitForFunction(() => document.querySelectorAll('tr.change').length >= 10, null, { timeout: deadline });
   await c.waitForFunction(() => /sockets_open/.test(document.getElementById('counters').textContent), null, { timeout: deadline });
   const consoleRows = await c.evaluate(() => document.querySelectorAll('tr.change').length);
@@ -51,11 +64,9 @@ try {
   out = await page.evaluate(() => ({
     stream: window.stream,
     rows: window.rows(),
-    sockets: window.sockets,
-    refreshes: window.refreshes,
-    refreshed: window.refreshed,
-    tokens: window.tokens,
+    ...window.short,
     errors: window.errors,
+    long: window.long,
   }));
   out.consoleRows = consoleRows;
 } finally {
