@@ -115,7 +115,9 @@ func (r *restartableNode) stop() {
 // localStorage; behind a proxy that refuses WebSockets the page falls back
 // to Server-Sent Events and gets the same stream; the console shows live
 // rows (its screenshot is kept, under $WALCAST_ARTIFACTS or
-// $TMPDIR/walcast-browser-test, and named in the log).
+// $TMPDIR/walcast-browser-test, and named in the log). Its changes come
+// from a test publisher; TestBrowserPipeline runs a page against the real
+// pipeline (SQL, replicator, publisher).
 func TestBrowser(t *testing.T) {
 	needJS(t, true)
 	e := newSyncEnv(t)
@@ -183,16 +185,8 @@ func TestBrowser(t *testing.T) {
 		}
 	}))
 
-	// The screenshot outlives the test (it is the test's artifact):
-	// $WALCAST_ARTIFACTS, else a fixed directory under the system's temp.
-	dir := os.Getenv("WALCAST_ARTIFACTS")
-	if dir == "" {
-		dir = filepath.Join(os.TempDir(), "walcast-browser-test")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	shot := filepath.Join(dir, "console.png")
+	// The screenshot outlives the test (it is the test's artifact).
+	shot := filepath.Join(artifactDir(t), "console.png")
 	_ = os.Remove(shot) // a stale one must not pass for this run's
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -100,10 +100,10 @@ func newBrowserPipeline(t *testing.T, control http.Handler) *browserPipeline {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// IdleTimeout makes the expiry sweep run every 2 s (the page also
-	// pings every second, and each frame checks exp): a socket whose
-	// token is not refreshed is closed soon after its exp.
-	p.node, err = Open(ctx, Config{NATS: bus.NATSConfig{URL: ns.URL()}, Journal: j, Auth: auth, IdleTimeout: 8 * time.Second,
+	// The page pings every second and each frame it sends checks exp: a
+	// socket whose token is not refreshed is closed (4100) within a second
+	// of exp plus the leeway.
+	p.node, err = Open(ctx, Config{NATS: bus.NATSConfig{URL: ns.URL()}, Journal: j, Auth: auth,
 		State:  StateConfig{SourceURL: p.src, Publication: "pub", MaxConcurrent: 2},
 		Logger: logger})
 	if err != nil {
