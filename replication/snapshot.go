@@ -75,8 +75,9 @@ type chunk struct {
 	invisible  []uint32   // transactions in progress for the chunk's SELECT (read)
 	first      bool       // journal snapshot-begin before the rows
 	final      bool       // journal snapshot-end after them
+	base       bool       // the first chunk of a run of the pipeline: the loop starts counting here
 	cancelled  bool       // final because the snapshot was cancelled
-	rowsBefore int64      // read entries journaled before this chunk
+	rowsBefore int64      // read entries journaled before this chunk (meaningful when base)
 	n          int64      // this chunk's number, from 1
 
 	done chan struct{} // closed by the loop once it handled the high watermark
@@ -479,49 +480,90 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 	} else {
 		s.r.log.Info("snapshot resumed", "id", snap.ID, "table", t.entity, "rows", snap.Rows, "chunks", snap.Chunks)
 	}
-	lastKey, rowsDone, chunks := snap.LastKey, snap.Rows, snap.Chunks
+	// Chunks are pipelined: up to snapshotInFlight are read and handed to
+	// the stream loop before the oldest is handled, so the reads overlap
+	// the loop's and the journal's work. The loop takes them in order and
+	// rejects every chunk after one it could not journal (snapWindows.high:
+	// expect), so when the oldest failed the worker waits out the rest and
+	// starts again after the last journaled chunk.
+	lastKey, rowsDone, chunks := snap.LastKey, snap.Rows, snap.Chunks // as journaled
 	began := time.Now()
-	for {
-		cur, err := s.r.j.SnapshotByID(ctx, snap.ID)
-		if err != nil {
-			return err
-		}
-		if cur.Status != journal.SnapshotRunning {
-			return nil // finished or failed elsewhere
-		}
-		c := &chunk{id: snap.ID, entity: t.entity, enc: t.enc, first: chunks == 0, rowsBefore: rowsDone, n: chunks + 1,
-			cancelled: cur.CancelRequested, done: make(chan struct{})}
-		c.token = s.run + ":" + strconv.FormatInt(snap.ID, 10) + ":" + strconv.FormatInt(c.n, 10)
-		if !c.cancelled {
-			// --snapshot-max-rows-per-second: wait before the window
-			// opens, so it stays as short as the read.
-			if err := s.limit.wait(ctx, snap.ChunkSize); err != nil {
-				return err
+	var inflight []*chunk
+	readKey, next, base := lastKey, chunks+1, true // where the next chunk starts
+	drain := func() error {                        // wait for every chunk in flight (after a failure)
+		for _, c := range inflight {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-c.done:
 			}
 		}
-		if err := s.emit(ctx, conn, watermark{Token: c.token, Mark: "low", Entity: t.entity, Key: t.keyName}); err != nil {
-			return err
+		inflight = inflight[:0]
+		return nil
+	}
+	for {
+		// Hand chunks to the loop until the pipeline is full or the last
+		// chunk (fewer rows than asked, or a cancel) is in it.
+		for len(inflight) < snapshotInFlight && (len(inflight) == 0 || !inflight[len(inflight)-1].final) {
+			cur, err := s.r.j.SnapshotByID(ctx, snap.ID)
+			if err != nil {
+				return err
+			}
+			if cur.Status != journal.SnapshotRunning {
+				return drain() // finished or failed elsewhere
+			}
+			c := &chunk{id: snap.ID, entity: t.entity, enc: t.enc, first: next == 1, base: base, rowsBefore: rowsDone, n: next,
+				cancelled: cur.CancelRequested, done: make(chan struct{})}
+			c.token = s.run + ":" + strconv.FormatInt(snap.ID, 10) + ":" + strconv.FormatInt(c.n, 10)
+			if !c.cancelled {
+				// --snapshot-max-rows-per-second: wait before the window
+				// opens, so it stays as short as the read.
+				if err := s.limit.wait(ctx, snap.ChunkSize); err != nil {
+					return err
+				}
+			}
+			if err := s.emit(ctx, conn, watermark{Token: c.token, Mark: "low", Entity: t.entity, Key: t.keyName}); err != nil {
+				return err
+			}
+			if c.cancelled {
+				c.final = true
+			} else if err := s.read(ctx, conn, t, snap, readKey, c); err != nil {
+				// Close the window before giving up on the chunk.
+				s.register(&chunk{token: c.token, done: make(chan struct{}), id: -1})
+				_ = s.emit(ctx, conn, watermark{Token: c.token, Mark: "high"})
+				if derr := drain(); derr != nil {
+					return derr
+				}
+				return err
+			}
+			s.register(c)
+			if err := s.emit(ctx, conn, watermark{Token: c.token, Mark: "high"}); err != nil {
+				s.take(c.token)
+				return err
+			}
+			inflight = append(inflight, c)
+			base = false
+			next++
+			if c.lastKey != nil {
+				readKey = c.lastKey
+			}
 		}
-		if c.cancelled {
-			c.final = true
-		} else if err := s.read(ctx, conn, t, snap, lastKey, c); err != nil {
-			// Close the window before giving up on the chunk.
-			s.register(&chunk{token: c.token, done: make(chan struct{}), id: -1})
-			_ = s.emit(ctx, conn, watermark{Token: c.token, Mark: "high"})
-			return err
-		}
-		s.register(c)
-		if err := s.emit(ctx, conn, watermark{Token: c.token, Mark: "high"}); err != nil {
-			s.take(c.token)
-			return err
-		}
+		c := inflight[0]
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-c.done:
 		}
+		inflight = inflight[1:]
 		if !c.ok {
-			continue // the window was lost; read the chunk again
+			// The window was lost or the chunk may lack a change: read it
+			// again, after what the journal holds; the chunks after it are
+			// rejected by the loop.
+			if err := drain(); err != nil {
+				return err
+			}
+			readKey, next, base = lastKey, chunks+1, true
+			continue
 		}
 		rowsDone += int64(c.kept)
 		chunks = c.n
@@ -557,6 +599,10 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 		}
 	}
 }
+
+// snapshotInFlight is how many chunks a worker has handed to the stream
+// loop and not yet seen handled.
+const snapshotInFlight = 3
 
 // emit commits a watermark message in its own transaction.
 func (s *snapshotter) emit(ctx context.Context, conn *pgx.Conn, w watermark) error {
@@ -674,6 +720,11 @@ type snapWindows struct {
 	// commit order) with the tables they changed, so high can tell
 	// whether a transaction the chunk's SELECT saw in progress had
 	// changed the chunk's table and committed before the low watermark.
+	// expect and rows are per snapshot: the chunk number the loop takes
+	// next, and the read entries journaled so far (from a base chunk on).
+	expect map[int64]int64
+	rows   map[int64]int64
+
 	recent  map[uint32]touched // xid → the newest of its ring entries
 	ring    []uint32
 	ringPos int
@@ -852,6 +903,15 @@ func (w *snapWindows) high(tx *decoder.Transaction, token string) *decoder.Trans
 		return nil // not registered: a chunk of an earlier attempt
 	}
 	defer close(c.done)
+	if c.base && c.id >= 0 {
+		if w.expect == nil {
+			w.expect, w.rows = map[int64]int64{}, map[int64]int64{}
+		}
+		w.expect[c.id], w.rows[c.id] = c.n, c.rowsBefore
+	}
+	if c.id >= 0 && w.expect[c.id] != c.n {
+		return nil // a chunk after one the loop could not journal: c.ok stays false
+	}
 	if c.id < 0 || win == nil {
 		return nil // abandoned chunk, or its low watermark was never seen: c.ok stays false
 	}
@@ -894,9 +954,10 @@ func (w *snapWindows) high(tx *decoder.Transaction, token string) *decoder.Trans
 			kept++
 		}
 	}
+	total := w.rows[c.id] + int64(kept)
 	status := journal.SnapshotRunning
 	if c.final {
-		b.Marker(lsn, false, decoder.SnapshotMarker{ID: c.id, Entity: c.entity, Rows: c.rowsBefore + int64(kept), Cancelled: c.cancelled})
+		b.Marker(lsn, false, decoder.SnapshotMarker{ID: c.id, Entity: c.entity, Rows: total, Cancelled: c.cancelled})
 		status = journal.SnapshotDone
 		if c.cancelled {
 			status = journal.SnapshotCancelled
@@ -906,8 +967,9 @@ func (w *snapWindows) high(tx *decoder.Transaction, token string) *decoder.Trans
 	if w.progress == nil {
 		w.progress = map[*decoder.Transaction]*journal.SnapshotProgress{}
 	}
-	w.progress[out] = &journal.SnapshotProgress{ID: c.id, EndLSN: out.EndLSN, LastKey: c.lastKey, Rows: c.rowsBefore + int64(kept), Chunks: c.n, Status: status}
+	w.progress[out] = &journal.SnapshotProgress{ID: c.id, EndLSN: out.EndLSN, LastKey: c.lastKey, Rows: total, Chunks: c.n, Status: status}
 	c.ok, c.kept = true, kept
+	w.rows[c.id], w.expect[c.id] = total, c.n+1
 	c.rows, c.keys = nil, nil
 	_ = tx.Close()
 	return out

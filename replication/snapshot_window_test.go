@@ -47,7 +47,7 @@ func TestSnapshotChunkInvisibleCommitReread(t *testing.T) {
 				win.committed[x] = struct{}{}
 				w.remember(x, touched{many: true})
 			}
-			c := &chunk{token: "tok", id: 1, entity: "public.t", enc: enc, first: true, n: 1, done: make(chan struct{}),
+			c := &chunk{token: "tok", id: 1, entity: "public.t", enc: enc, first: true, base: true, n: 1, done: make(chan struct{}),
 				rows: [][][]byte{{[]byte("1")}, {[]byte("2")}}, invisible: tc.invisible}
 			c.keys = [][]byte{enc.Values(nil, c.rows[0], []int{0}), enc.Values(nil, c.rows[1], []int{0})}
 			s.register(c)
