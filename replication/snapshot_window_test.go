@@ -3,6 +3,7 @@ package replication
 import (
 	"io"
 	"log/slog"
+	"strconv"
 	"testing"
 	"time"
 
@@ -105,5 +106,45 @@ func TestTouchedBy(t *testing.T) {
 	}
 	if got := touchedBy(tx()); got.has("a") {
 		t.Fatalf("no change: %+v", got)
+	}
+}
+
+// TestSnapshotPipelineRejectsAfterAFailedChunk: chunks reach the loop in
+// order; once one cannot be journaled, the ones after it are rejected too
+// (their reads start after rows the journal lacks) until the worker sends
+// the failed chunk again as a new base; row counts continue from the
+// journaled ones.
+func TestSnapshotPipelineRejectsAfterAFailedChunk(t *testing.T) {
+	enc := decoder.NewRowEncoder("public", "t", []decoder.ColumnInfo{{Name: "id", TypeOID: 23, Key: true}}, "")
+	r := &Replicator{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	s := newSnapshotter(r, 1)
+	w := &snapWindows{s: s}
+	w.remember(8, touched{many: true}) // committed before every window
+	send := func(n int64, base bool, rowsBefore int64, invisible ...uint32) *chunk {
+		t.Helper()
+		tok := "tok" + strconv.FormatInt(n, 10)
+		w.open = append(w.open, &window{token: tok, entity: "public.t", key: []string{"id"}, changed: map[string]struct{}{}, committed: map[uint32]struct{}{}})
+		c := &chunk{token: tok, id: 1, entity: "public.t", enc: enc, first: n == 1, base: base, rowsBefore: rowsBefore, n: n,
+			done: make(chan struct{}), rows: [][][]byte{{[]byte(strconv.FormatInt(n*10, 10))}}, invisible: invisible}
+		c.keys = [][]byte{enc.Values(nil, c.rows[0], []int{0})}
+		s.register(c)
+		w.high(decoder.NewTransaction(uint32(100+n), 0x100, 0x101, time.Now(), nil), tok)
+		<-c.done
+		return c
+	}
+	if c := send(1, true, 0); !c.ok {
+		t.Fatal("chunk 1 not journaled")
+	}
+	if c := send(2, false, 0, 8); c.ok { // may lack xid 8's change
+		t.Fatal("chunk 2 journaled though an invisible transaction committed before its window")
+	}
+	if c := send(3, false, 0); c.ok {
+		t.Fatal("chunk 3 journaled after the failed chunk 2")
+	}
+	if c := send(2, true, 1); !c.ok || w.rows[1] != 2 {
+		t.Fatalf("chunk 2 sent again: ok %v, rows %d", c.ok, w.rows[1])
+	}
+	if c := send(3, false, 0); !c.ok || w.rows[1] != 3 || w.expect[1] != 4 {
+		t.Fatalf("chunk 3 after the retry: ok %v, rows %d, expect %d", c.ok, w.rows[1], w.expect[1])
 	}
 }
