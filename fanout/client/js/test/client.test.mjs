@@ -184,6 +184,36 @@ test('the token is refreshed on the socket before exp', async () => {
   assert.equal(e.ws.sockets.length, 1);
 });
 
+test('a token living longer than a timer can wait is refreshed once, near exp', async () => {
+  const { clock } = connected();
+  const day = 86_400_000;
+  const now = clock.now() / 1000;
+  let n = 0;
+  const tokens = [jwt({ exp: now + 40 * 86_400 }), jwt({ exp: now + 80 * 86_400 })];
+  // As browsers do: a delay above 2^31 - 1 ms fires at once.
+  const set = clock.setTimeout.bind(clock);
+  clock.setTimeout = (fn, ms) => set(fn, ms > 2 ** 31 - 1 ? 0 : ms);
+  const e = connected({ token: undefined, getToken: () => tokens[n++], clock, pingInterval: day, silenceTimeout: 3 * day });
+  e.c.subscribe(T, {}, {});
+  await tick();
+  const s = e.ws.sockets[0];
+  s.open();
+  const refreshes = () => s.sent.filter((f) => f.t === 'refresh').length;
+  for (let d = 1; d < 40; d++) {
+    clock.advance(day); // a ping a day, answered
+    await tick();
+    s.frame({ t: 'pong' });
+    assert.equal(refreshes(), 0, `refreshed on day ${d}, 40 days before exp`);
+  }
+  clock.advance(day - 31_000);
+  await tick();
+  assert.equal(refreshes(), 0);
+  clock.advance(2_000);
+  await tick();
+  assert.equal(refreshes(), 1);
+  assert.equal(e.ws.sockets.length, 1);
+});
+
 test('pings every 15 s; a silent connection is reopened', async () => {
   const { c, ws, clock } = connected();
   c.subscribe(T, {}, {});
