@@ -55,7 +55,13 @@ func streamSeqs(t *testing.T, url, name string) []int64 {
 	}
 	var out []int64
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
-		m, err := s.GetMsg(ctx, seq)
+		var m *jetstream.RawStreamMsg
+		for try := 0; ; try++ { // a cluster may be electing a leader
+			if m, err = s.GetMsg(ctx, seq); err == nil || try == 20 {
+				break
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
 		if err != nil {
 			t.Fatalf("stream sequence %d: %v", seq, err)
 		}
