@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -234,5 +235,44 @@ func TestSyncPositionWaitsForQueuedMessages(t *testing.T) {
 	got := seqsOf(c.expectChanges(len(want)))
 	if !slices.Equal(got, want) {
 		t.Fatalf("got %v, want %v", got, want)
+	}
+}
+
+// TestSyncBadPositionAndEpochHeaders: position messages and epoch headers
+// the node cannot read (not numbers, negative, not 16 hex digits, 10 KB
+// long, a position far ahead with a foreign epoch) are ignored; no member
+// moves and delivery goes on.
+func TestSyncBadPositionAndEpochHeaders(t *testing.T) {
+	e := newSyncEnv(t)
+	c := e.mustDial(token(t, []string{orders}, "", time.Hour))
+	c.sub(orders, "")
+	c.expect("subscribed")
+	e.topicLive(orders, 1)
+	for _, h := range []struct{ seq, epoch string }{
+		{"", ""}, {"abc", journal.EpochHex(0)}, {"-5", journal.EpochHex(0)}, {"99999999999", "zz"},
+		{"7", strings.Repeat("a", 10<<10)}, {"1000000", journal.EpochHex(0x1234)}, {"1e9", journal.EpochHex(0)},
+	} {
+		m := nats.NewMsg(bus.PositionSubject("walcast"))
+		m.Header.Set(bus.HeaderSeq, h.seq)
+		m.Header.Set(bus.HeaderEpoch, h.epoch)
+		if err := e.pub.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bad := e.appendRows(ins(orders, 1))[0]
+	m := publishedMsg("walcast", e.j.ID(), bad)
+	m.Header.Set(bus.HeaderEpoch, "not-an-epoch")
+	if err := e.pub.PublishMsg(m); err != nil {
+		t.Fatal(err)
+	}
+	next := e.commit(ins(orders, 2))[0]
+	// The change with the unreadable epoch is repaired from the journal
+	// (its entitySeq is then missing live), so both arrive, in order.
+	got := seqsOf(c.expectChanges(2))
+	if !slices.Equal(got, []int64{bad.Seq, next.Seq}) {
+		t.Fatalf("got %v, want %v", got, []int64{bad.Seq, next.Seq})
+	}
+	if n := e.node.stats.positionsMoved.Load(); n != 0 {
+		t.Fatalf("%d members moved by unreadable or foreign positions", n)
 	}
 }
