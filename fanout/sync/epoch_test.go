@@ -276,3 +276,24 @@ func TestSyncBadPositionAndEpochHeaders(t *testing.T) {
 		t.Fatalf("%d members moved by unreadable or foreign positions", n)
 	}
 }
+
+// TestSyncPositionAheadOfTheJournal: a position message beyond the journal's
+// horizon (a buggy or forged publisher) moves no member past what the
+// journal holds, so later changes are still delivered.
+func TestSyncPositionAheadOfTheJournal(t *testing.T) {
+	e := newSyncEnv(t)
+	c := e.mustDial(token(t, []string{orders}, "", time.Hour))
+	c.sub(orders, "")
+	c.expect("subscribed")
+	e.topicLive(orders, 1)
+	first := e.commit(ins(orders, 1))[0]
+	c.expect("change")
+	waitFor(t, "the node's horizon", func() bool { return e.node.horizon.Load() >= first.Seq })
+	e.position(first.Seq + 1_000_000)
+	c.send(map[string]string{"t": "ping"})
+	c.expect("pong")
+	next := e.commit(ins(orders, 2))[0]
+	if f := c.expect("change"); f.env.Seq != next.Seq {
+		t.Fatalf("got %+v, want the change at %d", f, next.Seq)
+	}
+}

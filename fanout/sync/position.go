@@ -47,6 +47,12 @@ func (n *Node) advanceTo(e, seq int64) {
 	if n.epoch.Load() != e {
 		return
 	}
+	if n.horizonKnown.Load() {
+		// Never past what the journal holds: a position message is only
+		// as good as its publisher (the journal's NOTIFY reaches this
+		// node before the publisher has even read those entries).
+		seq = min(seq, n.horizon.Load())
+	}
 	topics := n.topicList()
 	moved := int64(0)
 	for _, t := range topics {
