@@ -127,19 +127,7 @@ func (j *Journal) Snapshots(ctx context.Context, open bool, limit int) ([]Snapsh
 	if err != nil {
 		return nil, opErr(op, err, "check --journal-url and --journal-schema")
 	}
-	defer rows.Close()
-	var out []Snapshot
-	for rows.Next() {
-		s, err := scanSnapshot(rows)
-		if err != nil {
-			return nil, opErr(op, err, "")
-		}
-		out = append(out, s)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, opErr(op, err, "")
-	}
-	return out, nil
+	return collectSnapshots(op, rows)
 }
 
 // SnapshotByID returns one snapshot request.
@@ -211,19 +199,7 @@ func (j *Journal) CancelSnapshots(ctx context.Context, id int64, schema, table s
 	if err != nil {
 		return nil, opErr(op, err, "check --journal-url and --journal-schema")
 	}
-	defer rows.Close()
-	var out []Snapshot
-	for rows.Next() {
-		s, err := scanSnapshot(rows)
-		if err != nil {
-			return nil, opErr(op, err, "")
-		}
-		out = append(out, s)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, opErr(op, err, "")
-	}
-	return out, nil
+	return collectSnapshots(op, rows)
 }
 
 // fencedSnapshotSQL guards a replicator's update of the snapshots table
@@ -307,4 +283,13 @@ func (j *Journal) snapshotProgressSQL(p SnapshotProgress) string {
 // skipped as a replay.
 func (j *Journal) AppendSnapshot(ctx context.Context, gen int64, txs []*decoder.Transaction, progress []SnapshotProgress) (AppendResult, error) {
 	return j.append(withAppendMode(ctx), "journal.Append", gen, txs, appendOpts{snapshots: progress})
+}
+
+// collectSnapshots reads every snapshot row of rows and closes it.
+func collectSnapshots(op string, rows pgx.Rows) ([]Snapshot, error) {
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Snapshot, error) { return scanSnapshot(r) })
+	if err != nil {
+		return nil, opErr(op, err, "")
+	}
+	return out, nil
 }

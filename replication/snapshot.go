@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -94,7 +95,8 @@ type snapshotter struct {
 
 	limit *rowLimiter // --snapshot-max-rows-per-second, over all workers
 
-	claimMu sync.Mutex // one claim at a time (claim)
+	claimMu sync.Mutex   // one claim at a time (claim)
+	active  atomic.Int32 // snapshots claimed by a worker now (read by the stream loop)
 
 	mu     sync.Mutex        // guards the following fields
 	chunks map[string]*chunk // registered, high watermark not yet handled
@@ -169,6 +171,7 @@ func (s *snapshotter) claim(ctx context.Context) (journal.Snapshot, bool, error)
 		s.mu.Lock()
 		s.busy[snap.ID] = true
 		s.mu.Unlock()
+		s.active.Add(1)
 	}
 	return snap, ok, err
 }
@@ -177,6 +180,7 @@ func (s *snapshotter) release(id int64) {
 	s.mu.Lock()
 	delete(s.busy, id)
 	s.mu.Unlock()
+	s.active.Add(-1)
 }
 
 // worker works through open snapshot requests until ctx ends.
@@ -185,9 +189,7 @@ func (s *snapshotter) worker(ctx context.Context) {
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
-			conn.Close(cctx)
-			cancel()
+			closeSourceConn(ctx, conn)
 		}
 	}()
 	wait := func(d time.Duration) bool {
@@ -241,9 +243,7 @@ func (s *snapshotter) worker(ctx context.Context) {
 			failures++
 			log.Warn("snapshot interrupted; resuming from its last journaled chunk", "id", snap.ID, "table", snap.Entity(), "cause", err)
 			if conn != nil && !conn.IsClosed() {
-				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
-				conn.Close(cctx)
-				cancel()
+				closeSourceConn(ctx, conn)
 			}
 			conn = nil
 			if !wait(min(time.Duration(failures)*snapshotPoll, 30*time.Second)) {
@@ -728,7 +728,6 @@ type snapWindows struct {
 	recent  map[uint32]touched // xid → the newest of its ring entries
 	ring    []uint32
 	ringPos int
-	rereads int64 // chunks read again for such a transaction (tests)
 }
 
 // touched is what a remembered transaction changed: up to two entities,
@@ -820,7 +819,15 @@ func (w *snapWindows) process(txs []*decoder.Transaction) ([]*decoder.Transactio
 				}
 			}
 		}
-		w.remember(txs[i].Xid, touchedBy(txs[i]))
+		// Which tables it changed matters only while a snapshot runs;
+		// otherwise it counts as touching every table (a chunk that
+		// follows may read again, never miss a change), and the hot path
+		// does not pay for the counting.
+		t := touched{many: true}
+		if w.s.active.Load() > 0 {
+			t = touchedBy(txs[i])
+		}
+		w.remember(txs[i].Xid, t)
 	}
 	return txs, w.progress
 }
@@ -923,7 +930,6 @@ func (w *snapWindows) high(tx *decoder.Transaction, token string) *decoder.Trans
 			// Changed the chunk's table, committed before the low
 			// watermark, yet invisible to the SELECT: the chunk may lack
 			// its change. Read it again.
-			w.rereads++
 			w.s.r.snapRereads.Add(1)
 			w.s.r.log.Debug("snapshot chunk read again: a transaction committed before its low watermark was not visible to its SELECT",
 				"snapshot", c.id, "chunk", c.n, "xid", x)

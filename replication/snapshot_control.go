@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/walcast/walcast/journal"
@@ -55,8 +56,24 @@ func (r *Replicator) snapshotRequests(tables []journal.Table) []journal.Snapshot
 func (s *snapshotter) watchPublication(ctx context.Context) {
 	log := s.r.log
 	failing := false
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			closeSourceConn(ctx, conn)
+		}
+	}()
 	for {
-		err := s.checkPublication(ctx)
+		var err error
+		if conn == nil || conn.IsClosed() {
+			conn, err = s.connect(ctx)
+		}
+		if err == nil {
+			err = s.checkPublication(ctx, conn)
+		}
+		if err != nil && conn != nil {
+			closeSourceConn(ctx, conn) // a failed check starts again on a new connection
+			conn = nil
+		}
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -75,16 +92,7 @@ func (s *snapshotter) watchPublication(ctx context.Context) {
 	}
 }
 
-func (s *snapshotter) checkPublication(ctx context.Context) error {
-	conn, err := s.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
-		conn.Close(cctx)
-		cancel()
-	}()
+func (s *snapshotter) checkPublication(ctx context.Context, conn *pgx.Conn) error {
 	cur, err := publishedTables(ctx, conn.PgConn(), s.r.cfg.Publication)
 	if err != nil {
 		return err
@@ -149,4 +157,12 @@ func (l *rowLimiter) wait(ctx context.Context, n int) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// closeSourceConn closes a snapshot connection to the source, within
+// closeTimeout even when ctx has ended.
+func closeSourceConn(ctx context.Context, conn *pgx.Conn) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+	defer cancel()
+	conn.Close(cctx)
 }

@@ -61,8 +61,8 @@ func TestSnapshotChunkInvisibleCommitReread(t *testing.T) {
 			if tc.wantJournal && (c.kept != 2 || out.Len() != 3) {
 				t.Fatalf("kept %d rows, transaction of %d entries; want 2 reads and a begin marker", c.kept, out.Len())
 			}
-			if !tc.wantJournal && w.rereads != 1 {
-				t.Fatalf("rereads = %d", w.rereads)
+			if !tc.wantJournal && r.snapRereads.Load() != 1 {
+				t.Fatalf("rereads = %d", r.snapRereads.Load())
 			}
 		})
 	}

@@ -222,8 +222,7 @@ func (p *Publisher) publishJS(ctx context.Context, msgs []*nats.Msg, seqs []int6
 	defer timer.Stop()
 	for i, f := range futures {
 		select {
-		case ack := <-f.Ok():
-			_ = ack
+		case <-f.Ok():
 		case err := <-f.Err():
 			return 0, fmt.Errorf("JetStream did not store seq %d: %w", seqs[i], err)
 		case <-timer.C:
