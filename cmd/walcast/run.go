@@ -267,21 +267,18 @@ func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
 	if err := pub.RegisterMetrics(metrics.Meter("walcast/publish")); err != nil {
 		return withCode(exitFailed, err)
 	}
+	natsReg, err := bus.RegisterConnMetrics(metrics.Meter("walcast/nats"), nc)
+	if err != nil {
+		return withCode(exitFailed, err)
+	}
+	defer natsReg.Unregister()
 	pub.SetTracerProvider(tracing.TracerProvider())
 	stuckAfter := writerStuckAfter(j.CallTimeout())
 	srv, err := telemetry.Listen(s.httpListen, metrics, func() (bool, string) {
-		s := r.State()
-		switch s.Role {
-		case replication.RoleActive:
-			if in, stalled := j.AppendStalled(); in && stalled >= stuckAfter {
-				return false, fmt.Sprintf("active but the journal writer is stuck: an append has moved no byte for %s (it fails at %s and the session ends)",
-					stalled.Round(100*time.Millisecond), j.CallTimeout())
-			}
-			return true, fmt.Sprintf("active: streaming, generation %d, watermark %s", s.Generation, s.Watermark)
-		case replication.RoleStandby:
-			return true, "standby: another walcast run holds the slot; ready to take over"
-		}
-		return false, fmt.Sprintf("%s: %s", s.Role, s.LastError)
+		// Journaling goes on while NATS is away (the publisher catches up),
+		// so the NATS connection is reported, not required.
+		ok, detail := runReadiness(r, j, stuckAfter)
+		return ok, detail + "; " + bus.ConnStatus(nc)
 	})
 	if err != nil {
 		return withCode(exitUsage, err)
@@ -378,6 +375,22 @@ func runBounded(ctx context.Context, log *slog.Logger, r *replication.Replicator
 	case <-time.After(abortGrace):
 		return withCode(exitFailed, fmt.Errorf("run: did not stop within %s of the signal (journal unresponsive); exiting", shutdownTimeout+abortGrace))
 	}
+}
+
+// runReadiness is the /readyz answer of walcast run's replication.
+func runReadiness(r *replication.Replicator, j *journal.Journal, stuckAfter time.Duration) (bool, string) {
+	s := r.State()
+	switch s.Role {
+	case replication.RoleActive:
+		if in, stalled := j.AppendStalled(); in && stalled >= stuckAfter {
+			return false, fmt.Sprintf("active but the journal writer is stuck: an append has moved no byte for %s (it fails at %s and the session ends)",
+				stalled.Round(100*time.Millisecond), j.CallTimeout())
+		}
+		return true, fmt.Sprintf("active: streaming, generation %d, watermark %s", s.Generation, s.Watermark)
+	case replication.RoleStandby:
+		return true, "standby: another walcast run holds the slot; ready to take over"
+	}
+	return false, fmt.Sprintf("%s: %s", s.Role, s.LastError)
 }
 
 // startupError maps an error met before streaming to its exit code: a

@@ -226,6 +226,11 @@ func runSync(ctx context.Context, log *slog.Logger, sf *syncFlags) error {
 		return withCode(exitUsage, err)
 	}
 	defer node.Close()
+	natsReg, err := node.RegisterNATSMetrics(metrics.Meter("walcast/nats"))
+	if err != nil {
+		return withCode(exitFailed, err)
+	}
+	defer natsReg.Unregister()
 
 	ops, err := telemetry.Listen(sf.httpListen, metrics, node.Ready)
 	if err != nil {

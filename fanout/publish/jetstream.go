@@ -7,12 +7,15 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/walcast/walcast/fanout/bus"
+	"github.com/walcast/walcast/journal"
 )
 
 // JetStream mode (walcast run --jetstream-stream). The publisher stores
@@ -198,10 +201,11 @@ func parseMsgID(id string) (journalID string, epoch, seq int64, ok bool) {
 	return parts[0], int64(e), s, true
 }
 
-// publishJS stores entries' messages in the stream, chained, and waits for
-// every acknowledgement; it returns the last seq stored. On any failure it
-// returns an error and the caller reconciles before publishing again.
-func (p *Publisher) publishJS(ctx context.Context, msgs []*nats.Msg, seqs []int64) (int64, error) {
+// publishJS stores entries' messages (msgs[i] is entries[i]'s) in the
+// stream, chained, and waits for every acknowledgement; it returns the last
+// seq stored. On any failure it returns an error and the caller reconciles
+// before publishing again.
+func (p *Publisher) publishJS(ctx context.Context, msgs []*nats.Msg, entries []journal.Entry) (int64, error) {
 	futures := make([]jetstream.PubAckFuture, len(msgs))
 	start := time.Now()
 	for i, m := range msgs {
@@ -213,7 +217,7 @@ func (p *Publisher) publishJS(ctx context.Context, msgs []*nats.Msg, seqs []int6
 		}
 		f, err := p.js.PublishMsgAsync(m, opt)
 		if err != nil {
-			return 0, fmt.Errorf("publish seq %d to JetStream: %w", seqs[i], err)
+			return 0, fmt.Errorf("publish seq %d to JetStream: %w", entries[i].Seq, err)
 		}
 		futures[i] = f
 		p.jsLastID = m.Header.Get(bus.HeaderMsgID)
@@ -223,16 +227,25 @@ func (p *Publisher) publishJS(ctx context.Context, msgs []*nats.Msg, seqs []int6
 	for i, f := range futures {
 		select {
 		case <-f.Ok():
+			// Acknowledgements come in order: each one covers its
+			// predecessors (they are chained), so the stream holds every
+			// entry up to this one.
+			p.jsm.acked.Store(entries[i].Seq)
+			p.jsm.acknowledged(ctx, entries[i].CommitTime)
 		case err := <-f.Err():
-			return 0, fmt.Errorf("JetStream did not store seq %d: %w", seqs[i], err)
+			return 0, fmt.Errorf("JetStream did not store seq %d: %w", entries[i].Seq, err)
 		case <-timer.C:
-			return 0, fmt.Errorf("JetStream acknowledged none of seq %d and later within %s", seqs[i], p.cfg.JetStream.AckTimeout)
+			return 0, fmt.Errorf("JetStream acknowledged none of seq %d and later within %s", entries[i].Seq, p.cfg.JetStream.AckTimeout)
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
 	}
-	p.ackLatency.Store(int64(time.Since(start)))
-	return seqs[len(seqs)-1], nil
+	took := time.Since(start)
+	p.ackLatency.Store(int64(took))
+	if h := p.jsm.ackLatency; h != nil {
+		h.Record(ctx, took.Seconds())
+	}
+	return entries[len(entries)-1].Seq, nil
 }
 
 // prepareJS finds or creates the stream and, after a start or a failure,
@@ -248,11 +261,18 @@ func (p *Publisher) prepareJS(ctx context.Context, pos int64) (int64, error) {
 	if !p.jsReconcile {
 		return pos, nil
 	}
+	p.jsm.reconciles.Add(1)
 	next, err := p.reconcile(ctx, pos)
 	if err != nil {
+		// The stream is out of reach: keep the horizon current so the lag
+		// metric grows through the outage instead of freezing.
+		if lg, rerr := p.j.ReadAfter(ctx, pos, 1); rerr == nil {
+			p.horizon.Store(lg.Horizon)
+		}
 		return pos, err
 	}
 	p.jsReconcile = false
+	p.jsm.acked.Store(next)
 	p.published.Store(next)
 	return next, nil
 }
@@ -296,3 +316,76 @@ func (p *Publisher) CheckJetStream(ctx context.Context) error {
 // AckLatency is how long the stream took to acknowledge the last batch
 // (JetStream mode; 0 before the first).
 func (p *Publisher) AckLatency() time.Duration { return time.Duration(p.ackLatency.Load()) }
+
+// jsMetrics are JetStream mode's measurements (registerJetStreamMetrics).
+type jsMetrics struct {
+	acked      atomic.Int64  // the last journal seq the stream acknowledged (or holds, after a reconcile)
+	reconciles atomic.Uint64 // reconciliations with the stream's last message (at start and after each failure)
+	// Histograms, nil until registered.
+	ackLatency  metric.Float64Histogram
+	commitToAck metric.Float64Histogram
+}
+
+// acknowledged records an entry's source commit age at its acknowledgement.
+func (m *jsMetrics) acknowledged(ctx context.Context, commit time.Time) {
+	if m.commitToAck != nil && !commit.IsZero() {
+		m.commitToAck.Record(ctx, max(time.Since(commit), 0).Seconds())
+	}
+}
+
+// latencyBuckets span a loopback acknowledgement (sub-millisecond) to a
+// failover (seconds), in seconds.
+var latencyBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
+
+// registerJetStreamMetrics exports JetStream mode's measurements; without
+// JetStream mode it registers nothing:
+//
+//   - walcast.jetstream.acked: the last journal seq the stream acknowledged;
+//   - walcast.jetstream.lag: journal horizon minus that seq (entries the
+//     stream does not hold yet; it grows through a NATS outage);
+//   - walcast.jetstream.ack.latency: seconds from a batch's first publish
+//     to its last acknowledgement;
+//   - walcast.jetstream.commit_to_ack: seconds from each entry's source
+//     commit to its acknowledgement by the stream (replication, journal and
+//     publishing together; large while catching up a backlog);
+//   - walcast.jetstream.reconciles: reconciliations with the stream (one at
+//     start, one after each failed batch or lost connection).
+func (p *Publisher) registerJetStreamMetrics(meter metric.Meter) error {
+	if p.cfg.JetStream == nil {
+		return nil
+	}
+	var err error
+	if p.jsm.ackLatency, err = meter.Float64Histogram("walcast.jetstream.ack.latency", metric.WithUnit("s"),
+		metric.WithDescription("seconds from a batch's first JetStream publish to its last acknowledgement"),
+		metric.WithExplicitBucketBoundaries(latencyBuckets...)); err != nil {
+		return err
+	}
+	if p.jsm.commitToAck, err = meter.Float64Histogram("walcast.jetstream.commit_to_ack", metric.WithUnit("s"),
+		metric.WithDescription("seconds from an entry's source commit to its acknowledgement by the JetStream stream"),
+		metric.WithExplicitBucketBoundaries(latencyBuckets...)); err != nil {
+		return err
+	}
+	acked, err := meter.Int64ObservableGauge("walcast.jetstream.acked",
+		metric.WithDescription("the last journal seq the JetStream stream acknowledged"))
+	if err != nil {
+		return err
+	}
+	lag, err := meter.Int64ObservableGauge("walcast.jetstream.lag", metric.WithUnit("{entry}"),
+		metric.WithDescription("journal entries the JetStream stream has not acknowledged (journal horizon minus the last acknowledged seq)"))
+	if err != nil {
+		return err
+	}
+	reconciles, err := meter.Int64ObservableCounter("walcast.jetstream.reconciles",
+		metric.WithDescription("reconciliations with the JetStream stream's last message (at start and after each failure)"))
+	if err != nil {
+		return err
+	}
+	_, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		a := p.jsm.acked.Load()
+		o.ObserveInt64(acked, a)
+		o.ObserveInt64(lag, max(p.horizon.Load()-a, 0))
+		o.ObserveInt64(reconciles, int64(p.jsm.reconciles.Load()))
+		return nil
+	}, acked, lag, reconciles)
+	return err
+}

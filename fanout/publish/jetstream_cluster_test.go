@@ -2,7 +2,10 @@ package publish
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +17,7 @@ import (
 	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/fanout/bus"
 	"github.com/walcast/walcast/internal/natstest"
+	"github.com/walcast/walcast/internal/telemetry"
 )
 
 // TestJetStreamClusterR3Faults: a 3-node NATS cluster with an R3 stream.
@@ -35,6 +39,13 @@ func TestJetStreamClusterR3Faults(t *testing.T) {
 	t.Cleanup(nc.Close)
 	log := slog.New(slog.NewTextHandler(logWriter{t}, nil))
 	p := New(Config{JetStream: &JetStreamConfig{Stream: "WALCAST", Replicas: 3}, BatchSize: 100, Logger: log}, f.j, nc)
+	metrics, err := telemetry.NewMetrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.RegisterMetrics(metrics.Meter("walcast/publish")); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
@@ -101,6 +112,55 @@ func TestJetStreamClusterR3Faults(t *testing.T) {
 		t.Fatalf("stream replicas %d", info.Config.Replicas)
 	}
 	checkExactlyOnce(t, streamSeqs(t, strings.Join(urls, ","), "WALCAST"), total)
+
+	// The JetStream metrics after the faults: every entry acknowledged,
+	// no lag, a reconcile at start and at least one after the failover,
+	// and a commit-to-ack latency for each entry acknowledged to the
+	// publisher (not those whose acknowledgement a failover lost: the
+	// reconcile found them in the stream).
+	body := scrapeMetrics(t, metrics)
+	for _, want := range []string{
+		fmt.Sprintf("walcast_jetstream_acked %d\n", total),
+		"walcast_jetstream_lag 0\n",
+		`walcast_jetstream_ack_latency_seconds_bucket{le="+Inf"}`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("no %q in /metrics", want)
+		}
+	}
+	if n := metricValue(t, body, "walcast_jetstream_commit_to_ack_seconds_count"); n < total/2 || n > total {
+		t.Errorf("walcast_jetstream_commit_to_ack_seconds_count %v for %d entries", n, total)
+	}
+	if n := metricValue(t, body, "walcast_jetstream_reconciles_total"); n < 2 {
+		t.Errorf("walcast_jetstream_reconciles_total %v: want the start's and the failover's", n)
+	}
+	if t.Failed() {
+		t.Log(body)
+	}
+}
+
+// scrapeMetrics returns the Prometheus text of m.
+func scrapeMetrics(t *testing.T, m *telemetry.Metrics) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	return rec.Body.String()
+}
+
+// metricValue is the value of the unlabelled sample name in body.
+func metricValue(t *testing.T, body, name string) float64 {
+	t.Helper()
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no %s in /metrics:\n%s", name, body)
+	return 0
 }
 
 // logWriter sends the publisher's log to the test's.

@@ -90,6 +90,7 @@ type Publisher struct {
 	jsLastID    string       // message id the next publish chains on ("" : jsLastSeq)
 	jsLastSeq   uint64       // the stream's last sequence, when it holds no message
 	ackLatency  atomic.Int64 // ns to store the last batch (metrics)
+	jsm         jsMetrics    // JetStream measurements (jetstream.go)
 	posAt       time.Time    // when; owned by Run
 	count       atomic.Uint64
 	oversize    atomic.Uint64
@@ -308,14 +309,13 @@ func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
 func (p *Publisher) publish(ctx context.Context, pos int64, entries []journal.Entry) (int64, error) {
 	max := int(p.nc.MaxPayload())
 	var msgs []*nats.Msg
-	var seqs []int64
 	for i := range entries {
 		msg, over, err := p.message(&entries[i], max)
 		if err != nil {
 			return pos, err
 		}
 		if p.js != nil {
-			msgs, seqs = append(msgs, msg), append(seqs, entries[i].Seq)
+			msgs = append(msgs, msg)
 		} else if err := p.nc.PublishMsg(msg); err != nil {
 			return pos, fmt.Errorf("publish seq %d to %s: %w", entries[i].Seq, msg.Subject, err)
 		}
@@ -326,7 +326,7 @@ func (p *Publisher) publish(ctx context.Context, pos int64, entries []journal.En
 		}
 	}
 	if p.js != nil {
-		if _, err := p.publishJS(ctx, msgs, seqs); err != nil {
+		if _, err := p.publishJS(ctx, msgs, entries); err != nil {
 			return pos, err
 		}
 	}
@@ -528,5 +528,8 @@ func (p *Publisher) RegisterMetrics(meter metric.Meter) error {
 		o.ObserveInt64(behind, lag)
 		return nil
 	}, published, oversize, behind, byEntity)
-	return err
+	if err != nil {
+		return err
+	}
+	return p.registerJetStreamMetrics(meter)
 }

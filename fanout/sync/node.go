@@ -442,15 +442,15 @@ func (n *Node) followEntities() {
 func (n *Node) Ready() (bool, string) {
 	switch {
 	case n.natsClosed.Load():
-		return false, "NATS connection closed for good"
+		return false, "NATS connection closed for good; " + bus.ConnStatus(n.nc)
 	case !n.natsUp.Load():
-		return false, "NATS disconnected"
+		return false, "NATS disconnected; " + bus.ConnStatus(n.nc)
 	case n.horizon.Load() == 0 && !n.horizonKnown.Load():
 		return false, "journal horizon not read yet"
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return true, fmt.Sprintf("ready: %d sockets, %d topics", len(n.sockets), len(n.topics))
+	return true, fmt.Sprintf("ready: %d sockets, %d topics; %s", len(n.sockets), len(n.topics), bus.ConnStatus(n.nc))
 }
 
 // Handler serves /v1/socket, /v1/changes and /v1/events (events.go).
