@@ -30,6 +30,7 @@ func newTailCmd(env Env) *cobra.Command {
 		count        int
 		socketURL    string
 		token        string
+		snapshot     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "tail",
@@ -42,7 +43,11 @@ subjects), as it is published.
 
 From a sync node (--socket ws://host:8080/v1/socket, with --token): the
 changes of every --topic, as a client sees them (from --from-cursor when given,
-one topic only); resync notices go to standard error.
+one topic only); resync notices go to standard error. With --snapshot (the
+token needs the "snapshot": true claim, the node --database-url) it first
+prints each topic's current rows (op "read"), then its changes; where each
+snapshot begins and ends, and the cursor to resume from, go to standard
+error.
 
 From the journal (--journal-url): entries after --from-seq (0: the oldest
 retained; default: only new ones), or after --from-cursor (a cursor issued by a
@@ -71,7 +76,9 @@ for); it keeps following new entries.
 				if fromCursor != "" && len(topics) != 1 {
 					return usageErrorf("tail: --from-cursor with --socket takes exactly one --topic")
 				}
-				return tailSocket(cmd.Context(), socketURL, token, topics, fromCursor, p, cmd.ErrOrStderr())
+				return tailSocket(cmd.Context(), socketURL, token, topics, fromCursor, snapshot, p, cmd.ErrOrStderr())
+			case snapshot:
+				return usageErrorf("tail: --snapshot needs --socket (a sync node serves the rows)")
 			case nf.cfg.URL != "":
 				nf.cfg.Name = "walcast tail"
 				return tailNATS(cmd.Context(), nf.cfg, subject, p)
@@ -113,6 +120,7 @@ for); it keeps following new entries.
 	f.StringSliceVar(&topics, "topic", nil, "entities to follow (with --socket), or the cursor was issued for (with --journal-url --from-cursor)")
 	f.StringVar(&socketURL, "socket", "", "sync node socket to follow, e.g. ws://127.0.0.1:8080/v1/socket")
 	f.StringVar(&token, "token", "", "JWT for --socket (prefer the environment variable)")
+	f.BoolVar(&snapshot, "snapshot", false, "with --socket: print each topic's current rows first, then its changes")
 	f.StringVar(&tenant, "tenant", "", "tenant the cursor was issued for (with --from-cursor)")
 	f.IntVar(&count, "count", 0, "stop after this many envelopes (0: never)")
 	return cmd
@@ -225,14 +233,18 @@ func tailCursor(ctx context.Context, j *journal.Journal, q journal.Query, p *pri
 	}
 }
 
-func tailSocket(ctx context.Context, url, token string, topics []string, cursor string, p *printer, stderr io.Writer) error {
+func tailSocket(ctx context.Context, url, token string, topics []string, cursor string, snapshot bool, p *printer, stderr io.Writer) error {
 	c, err := client.Dial(ctx, url, client.Options{Token: token})
 	if err != nil {
 		return withCode(exitUsage, fmt.Errorf("connect to %s: %w", url, err))
 	}
 	defer c.Close()
 	for _, t := range topics {
-		if err := c.Subscribe(t, cursor); err != nil {
+		sub := c.Subscribe
+		if snapshot {
+			sub = c.SubscribeSnapshot
+		}
+		if err := sub(t, cursor); err != nil {
 			return withCode(exitFailed, err)
 		}
 	}
@@ -242,10 +254,18 @@ func tailSocket(ctx context.Context, url, token string, topics []string, cursor 
 			return finish(err)
 		}
 		switch ev.Type {
-		case client.EventChange:
+		case client.EventChange, client.EventRow:
 			if err := p.print(ev.Change); err != nil {
 				return finish(err)
 			}
+		case client.EventSnapshotBegin:
+			why := ""
+			if ev.Reason != "" {
+				why = " (" + ev.Reason + ")"
+			}
+			fmt.Fprintf(stderr, "walcast tail: snapshot %d of %s%s: about %d rows\n", ev.SnapshotID, ev.Topic, why, ev.Rows)
+		case client.EventSnapshotEnd:
+			fmt.Fprintf(stderr, "walcast tail: snapshot %d of %s complete: %d rows; changes follow; resume with --from-cursor %s\n", ev.SnapshotID, ev.Topic, ev.Rows, ev.Cursor)
 		case client.EventResync:
 			fmt.Fprintf(stderr, "walcast tail: resync on %s: refetch the state; changes continue after cursor %s\n", ev.Topic, ev.Cursor)
 		case client.EventError:

@@ -6,6 +6,8 @@
 // refreshes its token on the live socket before exp and, when the node
 // closes for an expired token (4100), fetches a new one and reconnects at
 // once. Close codes follow docs/sync.md ("Tokens and close codes").
+// SubscribeSnapshot asks for a topic's current rows before its changes, and
+// State (state.go) keeps them as a map of rows by key.
 //
 // It imports nothing of walcast's server side; it speaks the wire protocol
 // only.
@@ -32,6 +34,15 @@ const (
 	EventChange = "change" // a change, once, in order per topic
 	EventResync = "resync" // the topic's state must be refetched; changes continue after Cursor
 	EventError  = "error"  // the node refused something (bad cursor, forbidden topic)
+
+	// A snapshot (SubscribeSnapshot): EventSnapshotBegin (drop what you
+	// hold of the topic), one EventRow per current row, EventChange
+	// without a Cursor for the changes committed while the rows were read,
+	// then EventSnapshotEnd with the cursor the state is exact as of; live
+	// changes follow. State applies them for you.
+	EventSnapshotBegin = "snapshot-begin"
+	EventRow           = "row"
+	EventSnapshotEnd   = "snapshot-end"
 )
 
 // Event is what Next returns.
@@ -39,10 +50,14 @@ type Event struct {
 	Type   string
 	Topic  string
 	Cursor string          // the topic's cursor after this event
-	Change json.RawMessage // the envelope, for EventChange
+	Change json.RawMessage // the envelope, for EventChange and EventRow (op "read")
 	Seq    int64           // the envelope's seq, for EventChange
 	Code   string          // for EventError
 	Msg    string          // for EventError
+
+	SnapshotID int64  // for EventSnapshotBegin and EventSnapshotEnd
+	Rows       int64  // the node's row estimate (begin) or the rows sent (end)
+	Reason     string // why the node snapshots: "resync" when it answers one; "" when asked
 }
 
 // Close codes of the sync node (docs/sync.md): 4000–4099 and the standard
@@ -131,8 +146,9 @@ type Client struct {
 }
 
 type topicState struct {
-	cursor  string
-	lastSeq int64
+	cursor   string
+	lastSeq  int64
+	snapshot bool // subscribed with SubscribeSnapshot
 }
 
 // Dial connects to url (ws:// or wss://…/v1/socket) and keeps the
@@ -241,7 +257,54 @@ func (c *Client) Subscribe(topic, cursor string) error {
 	}
 	cursor = st.cursor
 	c.mu.Unlock()
-	return c.send(map[string]string{"t": "sub", "topic": topic, "cursor": cursor})
+	return c.send(subFrame(topic, cursor, false))
+}
+
+// SubscribeSnapshot follows topic with its current rows first (the token
+// needs the claim "snapshot": true): the node sends snapshot-begin, the rows,
+// the changes committed while it read them, snapshot-end with a cursor, then
+// live changes (docs/sync.md, "State, then changes"). With a cursor (a
+// snapshot-end's or a later change's) the node resumes from it and
+// snapshots only when it can no longer serve it. After a reconnect the
+// client resumes the same way; a reconnect in the middle of a snapshot,
+// before its snapshot-end, asks for a fresh one. Any resync of the topic
+// the node answers with a fresh snapshot.
+func (c *Client) SubscribeSnapshot(topic, cursor string) error {
+	c.mu.Lock()
+	st := c.topics[topic]
+	if st == nil {
+		st = &topicState{}
+		c.topics[topic] = st
+	}
+	st.snapshot = true
+	if cursor != "" {
+		st.cursor = cursor
+	}
+	cursor = st.cursor
+	c.mu.Unlock()
+	return c.send(subFrame(topic, cursor, true))
+}
+
+// resnapshot asks for a fresh snapshot of topic, dropping its cursor.
+func (c *Client) resnapshot(topic string) error {
+	c.mu.Lock()
+	if st := c.topics[topic]; st != nil {
+		st.snapshot, st.cursor, st.lastSeq = true, "", 0
+	}
+	c.mu.Unlock()
+	return c.send(subFrame(topic, "", true))
+}
+
+// subFrame is {"t":"sub",…}, without an empty cursor.
+func subFrame(topic, cursor string, snapshot bool) map[string]any {
+	f := map[string]any{"t": "sub", "topic": topic}
+	if cursor != "" {
+		f["cursor"] = cursor
+	}
+	if snapshot {
+		f["snapshot"] = true
+	}
+	return f
 }
 
 // Unsubscribe stops following topic.
@@ -249,12 +312,12 @@ func (c *Client) Unsubscribe(topic string) error {
 	c.mu.Lock()
 	delete(c.topics, topic)
 	c.mu.Unlock()
-	return c.send(map[string]string{"t": "unsub", "topic": topic})
+	return c.send(map[string]any{"t": "unsub", "topic": topic})
 }
 
 // Ping sends a ping (the node answers pong; any frame keeps the socket
 // from being evicted as idle).
-func (c *Client) Ping() error { return c.send(map[string]string{"t": "ping"}) }
+func (c *Client) Ping() error { return c.send(map[string]any{"t": "ping"}) }
 
 // Cursor returns topic's current cursor: after the last change Next
 // returned, or where a resync left it.
@@ -267,10 +330,7 @@ func (c *Client) Cursor(topic string) string {
 	return ""
 }
 
-func (c *Client) send(v map[string]string) error {
-	if v["cursor"] == "" {
-		delete(v, "cursor")
-	}
+func (c *Client) send(v map[string]any) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if c.conn == nil {
@@ -407,13 +467,13 @@ func (c *Client) run(conn *websocket.Conn) {
 		c.conn = conn
 		c.wmu.Unlock()
 		c.mu.Lock()
-		subs := map[string]string{}
+		var subs []map[string]any
 		for t, st := range c.topics {
-			subs[t] = st.cursor
+			subs = append(subs, subFrame(t, st.cursor, st.snapshot))
 		}
 		c.mu.Unlock()
-		for t, cur := range subs {
-			_ = c.send(map[string]string{"t": "sub", "topic": t, "cursor": cur})
+		for _, f := range subs {
+			_ = c.send(f)
 		}
 	}
 }
@@ -434,6 +494,11 @@ type frame struct {
 	Change  json.RawMessage `json:"change"`
 	Code    string          `json:"code"`
 	Message string          `json:"message"`
+
+	Row        json.RawMessage `json:"row"`
+	SnapshotID int64           `json:"snapshotId"`
+	Rows       int64           `json:"rows"`
+	Reason     string          `json:"reason"`
 }
 
 // session reads one connection until it fails. Its helper goroutine pings
@@ -480,8 +545,29 @@ func (c *Client) session(conn *websocket.Conn) error {
 			if json.Unmarshal(f.Change, &seq) != nil || st == nil || seq.Seq <= st.lastSeq {
 				break // a duplicate, or a topic we left
 			}
-			st.lastSeq, st.cursor = seq.Seq, f.Cursor
+			// A change of a snapshot's catch-up has no cursor: until its
+			// snapshot-end there is nothing to resume from.
+			st.lastSeq = seq.Seq
+			if f.Cursor != "" {
+				st.cursor = f.Cursor
+			}
 			ev = &Event{Type: EventChange, Topic: f.Topic, Cursor: f.Cursor, Change: f.Change, Seq: seq.Seq}
+		case "snapshot-begin":
+			if st != nil {
+				// The catch-up's seqs may precede ones already seen, and a
+				// reconnect before snapshot-end must ask for a new snapshot.
+				st.cursor, st.lastSeq = "", 0
+				ev = &Event{Type: EventSnapshotBegin, Topic: f.Topic, SnapshotID: f.SnapshotID, Rows: f.Rows, Reason: f.Reason}
+			}
+		case "row":
+			if st != nil {
+				ev = &Event{Type: EventRow, Topic: f.Topic, Change: f.Row}
+			}
+		case "snapshot-end":
+			if st != nil {
+				st.cursor = f.Cursor
+				ev = &Event{Type: EventSnapshotEnd, Topic: f.Topic, Cursor: f.Cursor, SnapshotID: f.SnapshotID, Rows: f.Rows}
+			}
 		case "subscribed":
 			if st != nil && st.cursor == "" {
 				st.cursor = f.Cursor
@@ -500,8 +586,9 @@ func (c *Client) session(conn *websocket.Conn) error {
 				if cur == "" {
 					cur = f.Cursor
 				}
+				snap := st.snapshot
 				c.mu.Unlock()
-				_ = c.send(map[string]string{"t": "sub", "topic": f.Topic, "cursor": cur})
+				_ = c.send(subFrame(f.Topic, cur, snap))
 				c.mu.Lock()
 			}
 		case "resync":
@@ -566,6 +653,6 @@ func (c *Client) refresh() time.Duration {
 	if tok == old {
 		return never // nothing newer yet: the expiry close (4100) renews it
 	}
-	_ = c.send(map[string]string{"t": "refresh", "token": tok})
+	_ = c.send(map[string]any{"t": "refresh", "token": tok})
 	return c.refreshIn()
 }
