@@ -3,7 +3,7 @@ BIN       := bin/walcast
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 
-.PHONY: build test js-test console js-pack bench bench-e2e demo lint clean
+.PHONY: build test js-test console js-pack bench bench-e2e bench-latency demo lint clean
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/walcast
@@ -50,6 +50,16 @@ bench:
 # (a durable private PostgreSQL; 1M + 200k rows; about a minute).
 bench-e2e:
 	$(GO) test ./replication -run '^$$' -bench E2E -benchtime 1x -timeout 30m
+
+# Commit→NATS and commit→socket latency of the whole pipeline under a steady
+# load: pgbench commits single-row transactions into a durable private
+# PostgreSQL, the real `walcast run` (embedded NATS) and `walcast sync`
+# processes carry them to 200 WebSocket clients; prints p50/p99/max and each
+# process's CPU per rate (WALCAST_BENCH_RATES, default 1000,2500;
+# WALCAST_BENCH_SOCKETS, WALCAST_BENCH_SECONDS; see
+# cmd/walcast/latency_pipeline_bench_test.go). About a minute.
+bench-latency:
+	$(GO) test ./cmd/walcast -run '^$$' -bench E2EPipelineLatency -benchtime 1x -timeout 30m
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
