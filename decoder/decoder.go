@@ -1,6 +1,7 @@
 package decoder
 
 import (
+	"bytes"
 	"os"
 	"time"
 )
@@ -90,6 +91,7 @@ type Decoder struct {
 	tup, old []tval
 	unch     []int
 	scratch  []byte
+	rowEnd   int // where appendRow's last row object ended in its buffer (before any JSON-null list)
 	free     []*txState
 
 	stats    Stats
@@ -479,9 +481,18 @@ func (d *Decoder) change(w *wire, typ byte, lsn LSN) error {
 		}
 		keyLen = len(buf) - start - keyOff
 	}
+	var oldKeyOff, oldKeyLen int
 	if oldKind != 0 {
 		buf = append(buf, `,"before":`...)
+		off := len(buf)
 		buf = d.appendRow(buf, rel, old, nil, oldKind == 'K', false)
+		// An update's old key: "before" is the old row's key columns ('K')
+		// or, under FULL, every column, each of them a key column.
+		if typ == 'U' && rel.hasKey && (oldKind == 'K' || rel.fullKey) {
+			if k := buf[off:d.rowEnd]; !bytes.Equal(k, buf[start+keyOff:start+keyOff+keyLen]) {
+				oldKeyOff, oldKeyLen = off-start, len(k)
+			}
+		}
 	}
 	d.unch = d.unch[:0]
 	if typ != 'D' {
@@ -499,14 +510,54 @@ func (d *Decoder) change(w *wire, typ byte, lsn LSN) error {
 		}
 	}
 	tstate, tenant := TenantNone, ""
+	oldState, oldTenant := TenantNone, ""
 	if rel.tenant >= 0 {
 		tstate, tenant, buf = d.appendTenant(buf, rel, typ, oldKind, old)
+		if typ == 'U' {
+			oldState, oldTenant = oldTenantOf(rel, oldKind, old, tstate, tenant)
+		}
 	}
 	buf = append(buf, '}')
 	tx.arena = buf
 	rel.counts.n[op].Add(1)
 	return d.add(tx, rec{lsn: lsn, sub: sub, op: op, tstate: tstate, entity: rel.entity, tenant: tenant,
-		tailOff: uint32(start), tailLen: uint32(len(buf) - start), keyOff: uint32(keyOff), keyLen: uint32(keyLen)})
+		tenanted: rel.tenant >= 0, oldState: oldState, oldTenant: oldTenant,
+		tailOff: uint32(start), tailLen: uint32(len(buf) - start), keyOff: uint32(keyOff), keyLen: uint32(keyLen),
+		oldKeyOff: uint32(oldKeyOff), oldKeyLen: uint32(oldKeyLen)})
+}
+
+// oldTenantOf is what an update's old row says of its tenant (see
+// Change.OldTenantState): known when the old row was sent whole (FULL) or
+// as a key that includes the tenant column, unresolved otherwise. An old
+// tenant equal to the new one shares its string. A replica identity that
+// holds the tenant column and was not sent did not change: the old tenant
+// is the new one.
+func oldTenantOf(rel *relation, oldKind byte, old []tval, tstate TenantState, tenant string) (TenantState, string) {
+	i := rel.tenant
+	switch {
+	case oldKind == 0 && rel.cols[i].key && tstate != TenantUnresolved:
+		// No old row although the tenant column is in the replica
+		// identity: the identity, tenant included, did not change.
+		return tstate, tenant
+	case oldKind == 0 || (oldKind == 'K' && !rel.cols[i].key):
+		return TenantUnresolved, ""
+	}
+	switch tv := old[i]; tv.kind {
+	case 'n':
+		return TenantNone, ""
+	case 't', 'b':
+		if tstate == TenantKnown && string(tv.v) == tenant {
+			return TenantKnown, tenant
+		}
+		if !textOK(string(tv.v)) {
+			// Not storable as the journal's tenant: the change that put
+			// the row there was quarantined without its tenant, so the
+			// old tenant's readers never held the row.
+			return TenantUnresolved, ""
+		}
+		return TenantKnown, string(tv.v)
+	}
+	return TenantUnresolved, ""
 }
 
 // appendRow appends a JSON object of tup's columns (only key columns when
@@ -558,6 +609,7 @@ func (d *Decoder) appendRow(buf []byte, rel *relation, tup, old []tval, onlyKey,
 		}
 	}
 	buf = append(buf, '}')
+	d.rowEnd = len(buf)
 	if jsonNull {
 		buf = appendJSONNulls(buf, start, rel, tup, old, onlyKey)
 	}

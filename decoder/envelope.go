@@ -186,6 +186,27 @@ type Change struct {
 	Tenant      string
 	TenantState TenantState
 	Body        []byte
+
+	// Tenanted says the entity has a tenant column (Config.TenantColumn
+	// names one of its columns), whatever this row's value: the journal then
+	// keeps the key findable, to route later key-only changes and moves.
+	Tenanted bool
+	// OldKey, OldTenant and OldTenantState describe the row an update
+	// replaced, so that the journal can tell when a row changed tenant
+	// (DESIGN §5). OldKey is the old row's key object, a view into Body
+	// (its "before"), set only when Postgres sent the old row (a key
+	// change, REPLICA IDENTITY FULL) and its key differs from Key; nil means
+	// the key did not change. OldTenantState is TenantKnown (OldTenant) or
+	// TenantNone (a NULL tenant) when the old row carried the tenant column
+	// (REPLICA IDENTITY FULL, or an identity that includes it), and
+	// TenantUnresolved when the entity has a tenant column the old row did
+	// not carry (REPLICA IDENTITY DEFAULT): the journal then takes the old
+	// tenant from the newest journaled change of the old key. For changes
+	// other than updates, and entities without a tenant column, all three
+	// are zero (TenantNone).
+	OldKey         []byte
+	OldTenant      string
+	OldTenantState TenantState
 }
 
 // Envelope is the decoded form of an envelope (DESIGN §3), for readers and

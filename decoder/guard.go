@@ -142,6 +142,9 @@ func (d *Decoder) renameEntity(tx *txState, r rec, name string) rec {
 	if r.keyLen > 0 {
 		r.keyOff = uint32(int(r.keyOff) + delta)
 	}
+	if r.oldKeyLen > 0 {
+		r.oldKeyOff = uint32(int(r.oldKeyOff) + delta)
+	}
 	r.entity = name
 	return r
 }
@@ -170,6 +173,8 @@ func (d *Decoder) quarantine(tx *txState, r rec, reason, detail string) rec {
 	r.tailLen = uint32(len(q.Tail))
 	r.keyOff, r.keyLen = uint32(q.KeyOff), uint32(q.KeyLen)
 	r.entity, r.op = q.Entity, opQuarantine
+	// Not an update any more: nothing of the old row is carried.
+	r.oldKeyOff, r.oldKeyLen, r.oldState, r.oldTenant = 0, 0, TenantNone, ""
 	if dropTenant {
 		r.tstate, r.tenant = TenantUnresolved, ""
 	}
@@ -309,6 +314,7 @@ func (r *quarantineReader) next(c *Change) (bool, error) {
 	c.Body, off = appendBody(c.Body[:0], o.LSN, r.src.head, q.Tail)
 	c.LSN, c.Entity, c.Op = o.LSN, q.Entity, OpQuarantine
 	c.Tenant, c.TenantState = o.Tenant, o.TenantState
+	c.Tenanted, c.OldKey, c.OldTenant, c.OldTenantState = o.Tenanted, nil, "", TenantNone
 	if dropTenant {
 		c.Tenant, c.TenantState = "", TenantUnresolved
 	}

@@ -20,7 +20,7 @@ func checkAccounting(t *testing.T, d *Decoder) {
 		if tx.sp == nil {
 			want = int64(len(tx.arena))
 			for _, r := range tx.recs {
-				want += int64(len(r.tenant)) + recOverhead
+				want += recBytes(&r)
 			}
 		}
 		if tx.mem != want {

@@ -15,6 +15,7 @@ type relation struct {
 	skip     bool   // a journal table (Config.SkipRelations): changes are dropped (DESIGN §4.10)
 	cols     []column
 	hasKey   bool
+	fullKey  bool            // every column is a key column (REPLICA IDENTITY FULL)
 	tenant   int             // index of the tenant column, -1 when there is none
 	entityOp []byte          // `,"entity":"schema.table","op":"`, escaped
 	counts   *EntityCounters // decoded changes of entity; nil when skip
@@ -41,6 +42,7 @@ func (r *relation) addColumn(name string, key bool, typ colType, cfg *Config) {
 	if key {
 		r.hasKey = true
 	}
+	r.fullKey = key && (len(r.cols) == 0 || r.fullKey)
 	if cfg.TenantColumn != "" && name == cfg.TenantColumn {
 		r.tenant = len(r.cols)
 	}

@@ -145,7 +145,7 @@ func (b *TxBuilder) Read(e *RowEncoder, lsn LSN, row [][]byte) {
 	}
 	buf = append(buf, '}')
 	b.tx.arena = buf
-	b.tx.recs = append(b.tx.recs, rec{lsn: lsn, op: opRead, tstate: tstate, entity: rel.entity, tenant: tenant,
+	b.tx.recs = append(b.tx.recs, rec{lsn: lsn, op: opRead, tstate: tstate, tenanted: rel.tenant >= 0, entity: rel.entity, tenant: tenant,
 		tailOff: uint32(start), tailLen: uint32(len(buf) - start), keyOff: uint32(keyOff), keyLen: uint32(keyLen)})
 }
 
@@ -207,10 +207,19 @@ func (b *TxBuilder) Copy(c *Change) {
 	buf = append(buf, tail...)
 	b.tx.arena = buf
 	r := rec{lsn: c.LSN, op: op, tstate: c.TenantState, entity: c.Entity, tenant: c.Tenant,
+		tenanted: c.Tenanted, oldState: c.OldTenantState, oldTenant: c.OldTenant,
 		tailOff: uint32(start), tailLen: uint32(len(buf) - start)}
+	from := 0
 	if c.Key != nil {
 		if k := bytes.Index(tail, c.Key); k >= 0 {
 			r.keyOff, r.keyLen = uint32(k), uint32(len(c.Key))
+			from = k + len(c.Key)
+		}
+	}
+	if c.OldKey != nil {
+		// The old key is "before", which follows "key".
+		if k := bytes.Index(tail[from:], c.OldKey); k >= 0 {
+			r.oldKeyOff, r.oldKeyLen = uint32(from+k), uint32(len(c.OldKey))
 		}
 	}
 	b.tx.recs = append(b.tx.recs, r)

@@ -13,7 +13,9 @@ import (
 //
 //	lsn u64 | sub u32 | op u8 | tenant state u8 | entity len u32 |
 //	tenant len u32 | key offset u32 | key len u32 | tail len u32 |
-//	entity | tenant | tail
+//	old tenant state u8 | flags u8 (1: tenanted) | old tenant len u32 |
+//	old key offset u32 | old key len u32 |
+//	entity | tenant | old tenant | tail
 //
 // all integers big-endian; every length is 32-bit (a logical message's
 // entity is its prefix, which Postgres does not bound). The reader checks
@@ -26,7 +28,7 @@ import (
 // frees the space when the descriptor goes). Its space still counts in df,
 // not in ls or du. Where the file system cannot unlink an open file, it is
 // removed on close instead.
-const spillHeader = 8 + 4 + 1 + 1 + 4 + 4 + 4 + 4 + 4
+const spillHeader = 8 + 4 + 1 + 1 + 4 + 4 + 4 + 4 + 4 + 1 + 1 + 4 + 4 + 4
 
 // spillFile is an open spill file.
 type spillFile struct {
@@ -70,7 +72,11 @@ func newSpillWriter(dir string) (*spillWriter, error) {
 }
 
 func (s *spillWriter) write(r *rec, tail []byte) error {
-	if err := checkSpillLens(len(r.entity), len(r.tenant), len(tail)); err != nil {
+	oldTenant := r.oldTenant
+	if oldTenant == r.tenant {
+		oldTenant = "" // the reader shares the tenant's (old tenant state known)
+	}
+	if err := checkSpillLens(len(r.entity), len(r.tenant)+len(oldTenant), len(tail)); err != nil {
 		return fmt.Errorf("decoder: write spill file %s: %w at LSN %s", s.file.name(), err, r.lsn)
 	}
 	h := s.hdr[:]
@@ -83,16 +89,34 @@ func (s *spillWriter) write(r *rec, tail []byte) error {
 	binary.BigEndian.PutUint32(h[22:], r.keyOff)
 	binary.BigEndian.PutUint32(h[26:], r.keyLen)
 	binary.BigEndian.PutUint32(h[30:], uint32(len(tail)))
+	h[34] = byte(r.oldState)
+	h[35] = 0
+	if r.tenanted {
+		h[35] = spillTenanted
+	}
+	if r.oldState == TenantKnown && r.oldTenant == r.tenant {
+		h[35] |= spillSameTenant
+	}
+	binary.BigEndian.PutUint32(h[36:], uint32(len(oldTenant)))
+	binary.BigEndian.PutUint32(h[40:], r.oldKeyOff)
+	binary.BigEndian.PutUint32(h[44:], r.oldKeyLen)
 	// bufio.Writer's error is sticky: the last write reports any.
 	s.w.Write(h)
 	s.w.WriteString(r.entity)
 	s.w.WriteString(r.tenant)
+	s.w.WriteString(oldTenant)
 	if _, err := s.w.Write(tail); err != nil {
 		return fmt.Errorf("decoder: write spill file %s: %w", s.file.name(), err)
 	}
-	s.size += int64(spillHeader + len(r.entity) + len(r.tenant) + len(tail))
+	s.size += int64(spillHeader + len(r.entity) + len(r.tenant) + len(oldTenant) + len(tail))
 	return nil
 }
+
+// Spill record flags.
+const (
+	spillTenanted   = 1 << 0 // rec.tenanted
+	spillSameTenant = 1 << 1 // the old tenant is the tenant (not written again)
+)
 
 // checkSpillLens refuses lengths a spill record cannot describe.
 func checkSpillLens(entity, tenant, tail int) error {
@@ -166,12 +190,21 @@ func (r *spillReader) next(c *Change) (bool, error) {
 		keyOff := int64(binary.BigEndian.Uint32(h[22:]))
 		keyLen := int64(binary.BigEndian.Uint32(h[26:]))
 		tailLen := int64(binary.BigEndian.Uint32(h[30:]))
-		n := entLen + tenLen + tailLen
+		oldTS := TenantState(h[34])
+		flags := h[35]
+		oldTenLen := int64(binary.BigEndian.Uint32(h[36:]))
+		oldKeyOff := int64(binary.BigEndian.Uint32(h[40:]))
+		oldKeyLen := int64(binary.BigEndian.Uint32(h[44:]))
+		n := entLen + tenLen + oldTenLen + tailLen
 		switch {
 		case int(op) >= len(opNames):
 			return false, r.corrupt(fmt.Sprintf("unknown op %d", op))
-		case ts > TenantUnresolved:
-			return false, r.corrupt(fmt.Sprintf("unknown tenant state %d", ts))
+		case ts > TenantUnresolved || oldTS > TenantUnresolved:
+			return false, r.corrupt(fmt.Sprintf("unknown tenant state %d or %d", ts, oldTS))
+		case flags > spillTenanted|spillSameTenant:
+			return false, r.corrupt(fmt.Sprintf("unknown flags %#x", flags))
+		case oldKeyOff+oldKeyLen > tailLen:
+			return false, r.corrupt(fmt.Sprintf("old key at %d+%d outside a tail of %d bytes", oldKeyOff, oldKeyLen, tailLen))
 		case n > r.src.size-r.pos-spillHeader:
 			return false, r.corrupt(fmt.Sprintf("%d bytes of entity, tenant and tail run past the file's %d bytes", n, r.src.size))
 		case keyOff+keyLen > tailLen:
@@ -198,13 +231,25 @@ func (r *spillReader) next(c *Change) (bool, error) {
 		if tenLen > 0 {
 			tenant = r.intern(b[entLen : entLen+tenLen])
 		}
+		oldTenant := ""
+		switch {
+		case flags&spillSameTenant != 0:
+			oldTenant = tenant
+		case oldTenLen > 0:
+			oldTenant = r.intern(b[entLen+tenLen : entLen+tenLen+oldTenLen])
+		}
 		var off int
-		c.Body, off = appendBody(c.Body[:0], lsn, r.src.head, b[entLen+tenLen:])
+		c.Body, off = appendBody(c.Body[:0], lsn, r.src.head, b[entLen+tenLen+oldTenLen:])
 		c.LSN, c.Entity, c.Op, c.Tenant, c.TenantState = lsn, entity, opNames[op], tenant, ts
-		c.Key = nil
+		c.Tenanted, c.OldTenant, c.OldTenantState = flags&spillTenanted != 0, oldTenant, oldTS
+		c.Key, c.OldKey = nil, nil
 		if keyLen > 0 {
 			k, e := off+int(keyOff), off+int(keyOff+keyLen)
 			c.Key = c.Body[k:e:e]
+		}
+		if oldKeyLen > 0 {
+			k, e := off+int(oldKeyOff), off+int(oldKeyOff+oldKeyLen)
+			c.OldKey = c.Body[k:e:e]
 		}
 		return true, nil
 	}

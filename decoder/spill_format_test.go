@@ -23,7 +23,7 @@ func TestSpillRecordLongEntity(t *testing.T) {
 	defer src.close()
 	got := readSpill(t, src)
 	if len(got) != 2 || got[0].Entity != longPrefix || got[0].Op != OpMessage || got[1].Entity != "public.t" || string(got[1].Key) != `{"id":1}` {
-		t.Fatalf("read back %d changes: %.40q…", len(got), got)
+		t.Fatalf("read back %d changes: %.200v…", len(got), got)
 	}
 }
 
@@ -82,11 +82,15 @@ func TestSpillFileCorrupt(t *testing.T) {
 	}
 	second := int64(spillHeader + len("public.t") + len(recs[0].tail))
 	cases := map[string]func(f *os.File){
-		"entity length": func(f *os.File) { putU32(t, f, second+14, 0xffffffff) },
-		"tail length":   func(f *os.File) { putU32(t, f, second+30, 1<<31) },
-		"key range":     func(f *os.File) { putU32(t, f, second+22, 3); putU32(t, f, second+26, 1<<30) },
-		"op":            func(f *os.File) { f.WriteAt([]byte{99}, second+12) },
-		"tenant state":  func(f *os.File) { f.WriteAt([]byte{9}, second+13) },
+		"entity length":     func(f *os.File) { putU32(t, f, second+14, 0xffffffff) },
+		"tail length":       func(f *os.File) { putU32(t, f, second+30, 1<<31) },
+		"key range":         func(f *os.File) { putU32(t, f, second+22, 3); putU32(t, f, second+26, 1<<30) },
+		"op":                func(f *os.File) { f.WriteAt([]byte{99}, second+12) },
+		"tenant state":      func(f *os.File) { f.WriteAt([]byte{9}, second+13) },
+		"old tenant":        func(f *os.File) { f.WriteAt([]byte{9}, second+34) },
+		"flags":             func(f *os.File) { f.WriteAt([]byte{0x80}, second+35) },
+		"old key range":     func(f *os.File) { putU32(t, f, second+40, 3); putU32(t, f, second+44, 1<<30) },
+		"old tenant length": func(f *os.File) { putU32(t, f, second+36, 0xffffffff) },
 	}
 	for name, corrupt := range cases {
 		t.Run(name, func(t *testing.T) {

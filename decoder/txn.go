@@ -38,14 +38,29 @@ type rec struct {
 	sub              uint32 // (sub)transaction xid that made the change, for subtransaction aborts
 	op               uint8
 	tstate           TenantState
+	oldState         TenantState // Change.OldTenantState
+	tenanted         bool        // Change.Tenanted
 	entity           string
 	tenant           string
+	oldTenant        string // Change.OldTenant; shares tenant's bytes when equal
 	tailOff, tailLen uint32 // in arena
 	keyOff, keyLen   uint32 // of the key object, relative to the tail; keyLen 0: no key
+	oldKeyOff        uint32 // of Change.OldKey, relative to the tail; oldKeyLen 0: none
+	oldKeyLen        uint32
 }
 
 // recOverhead approximates a rec's own memory, for the budget.
-const recOverhead = 96
+const recOverhead = 120
+
+// recBytes is what r counts against the memory budget: its overhead and the
+// tenant bytes it holds (an old tenant equal to the new one shares them).
+func recBytes(r *rec) int64 {
+	n := int64(len(r.tenant)) + recOverhead
+	if r.oldTenant != r.tenant {
+		n += int64(len(r.oldTenant))
+	}
+	return n
+}
 
 // maxArena bounds one transaction's arena, whatever the memory budget: past
 // it the transaction is spilled, so that rec's 32-bit offsets never wrap.
@@ -232,7 +247,7 @@ func (d *Decoder) add(tx *txState, r rec) error {
 		return err
 	}
 	tx.recs = append(tx.recs, r)
-	tx.recMem += int64(len(r.tenant)) + recOverhead
+	tx.recMem += recBytes(&r)
 	d.account(tx)
 	if d.mem > d.stats.BufferedHigh {
 		d.stats.BufferedHigh = d.mem
@@ -332,7 +347,7 @@ func (d *Decoder) abortSub(tx *txState, sub uint32) {
 	keep := tx.recs[:0]
 	for _, r := range tx.recs {
 		if r.sub == sub {
-			tx.recMem -= int64(len(r.tenant)) + recOverhead
+			tx.recMem -= recBytes(&r)
 			tx.dead += int64(r.tailLen)
 			continue
 		}
@@ -444,10 +459,15 @@ func materialize(tx *txState, head []byte) []Change {
 		bodies, off = appendBody(bodies, r.lsn, head, r.tail(tx.arena))
 		c := &out[i]
 		c.LSN, c.Entity, c.Op, c.Tenant, c.TenantState = r.lsn, r.entity, opNames[r.op], r.tenant, r.tstate
+		c.Tenanted, c.OldTenant, c.OldTenantState = r.tenanted, r.oldTenant, r.oldState
 		c.Body = bodies[start:len(bodies):len(bodies)]
 		if r.keyLen > 0 {
 			k := off + int(r.keyOff)
 			c.Key = bodies[k : k+int(r.keyLen) : k+int(r.keyLen)]
+		}
+		if r.oldKeyLen > 0 {
+			k := off + int(r.oldKeyOff)
+			c.OldKey = bodies[k : k+int(r.oldKeyLen) : k+int(r.oldKeyLen)]
 		}
 	}
 	return out
