@@ -89,6 +89,10 @@ type AppendResult struct {
 	// TenantUnknown counts key-only changes whose tenant could not be
 	// resolved (DESIGN §5); they are delivered to no tenant-scoped reader.
 	TenantUnknown int
+	// Moved counts updates that moved a row to another tenant, each
+	// journaled after a delete of the row in its old tenant (DESIGN §5);
+	// those deletes are among Entries.
+	Moved int
 }
 
 // Append journals a batch of committed source transactions, in commit order,

@@ -37,8 +37,19 @@
 // of the same entity and key, found through entries.key_hash; within one
 // batch, earlier changes of the batch count. To keep that index off the
 // append path of deployments without tenancy, key_hash is stored only once
-// an entity is known to carry tenants (one of its changes had a tenant or
-// lacked one); a delete whose key has no such retained change is marked
-// tenantUnknown and reaches no tenant-scoped or unscoped reader (fail
-// closed), only AllTenants readers.
+// an entity is known to carry tenants (it has a tenant column, or one of its
+// changes had a tenant or lacked one); a delete whose key has no such
+// retained change is marked tenantUnknown and reaches no tenant-scoped or
+// unscoped reader (fail closed), only AllTenants readers.
+//
+// An update that moves a row to another tenant (or to or from no tenant;
+// the empty tenant is a tenant) is journaled as two entries: first a
+// delete of the old key in the old tenant, marked "moved":"tenant", then
+// the update in the new one. The old tenant is the old row's when the
+// decoder had it (decoder.Change.OldTenantState: REPLICA IDENTITY FULL, or
+// an identity holding the tenant column), else that of the newest journaled
+// change of the old key (the key before a key change), found as a delete's
+// is, in the same one query per batch, for entities that carry tenants
+// only. Where no retained change names it, the update is journaled alone
+// (the old tenant's readers keep the row until they next snapshot).
 package journal

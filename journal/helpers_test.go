@@ -58,6 +58,13 @@ type chg struct {
 	tenant string
 	state  decoder.TenantState
 	pad    int // bytes of padding in "after"
+	// For updates, what the decoder says of the old row (decoder.Change):
+	// oldKey ("" : the key did not change; it is then also "before"),
+	// oldTenant and oldState; tenanted marks an entity with a tenant column.
+	oldKey    string
+	oldTenant string
+	oldState  decoder.TenantState
+	tenanted  bool
 }
 
 var testEpoch = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
@@ -87,6 +94,11 @@ func mkTx(xid uint32, end decoder.LSN, commitTime time.Time, changes ...chg) *de
 		if c.state == decoder.TenantKnown {
 			env.Tenant = c.tenant
 		}
+		if c.oldKey != "" {
+			if err := json.Unmarshal([]byte(c.oldKey), &env.Before); err != nil {
+				panic(err)
+			}
+		}
 		body, err := json.Marshal(env)
 		if err != nil {
 			panic(err)
@@ -95,7 +107,11 @@ func mkTx(xid uint32, end decoder.LSN, commitTime time.Time, changes ...chg) *de
 		if c.key != "" {
 			key = []byte(c.key)
 		}
-		out[i] = decoder.Change{LSN: lsn, Entity: c.entity, Op: env.Op, Key: key, Tenant: c.tenant, TenantState: c.state, Body: body}
+		out[i] = decoder.Change{LSN: lsn, Entity: c.entity, Op: env.Op, Key: key, Tenant: c.tenant, TenantState: c.state, Body: body,
+			Tenanted: c.tenanted, OldTenant: c.oldTenant, OldTenantState: c.oldState}
+		if c.oldKey != "" {
+			out[i].OldKey = []byte(c.oldKey)
+		}
 	}
 	return decoder.NewTransaction(xid, end-decoder.LSN(len(changes))-1, end, commitTime, out)
 }

@@ -18,12 +18,33 @@ type tenantRes struct {
 	tenant *string
 }
 
-// lookupTenants finds, for every key of a key-only change with an unresolved
-// tenant, the tenant of the newest journaled change of that key. It returns
-// nil when the batch has no such change (the common case: one cheap pass over
-// in-memory changes). The map is entity → key → resolution and also covers
-// keys resolved later in the batch itself (copySource updates it).
-func (j *Journal) lookupTenants(ctx context.Context, tx querier, txs []*decoder.Transaction) (map[string]map[string]*tenantRes, error) {
+// priorKey is the key whose previous tenant c needs, or nil when it needs
+// none: a change whose own tenant is unresolved (a key-only delete) needs
+// its key's; an update whose old row did not carry the tenant column needs
+// its old key's (OldKey, or Key when the key did not change), to tell
+// whether the row changed tenant.
+func priorKey(c *decoder.Change) []byte {
+	if c.Op == decoder.OpUpdate && (c.TenantState == decoder.TenantUnresolved || c.OldTenantState == decoder.TenantUnresolved) {
+		if c.OldKey != nil {
+			return c.OldKey
+		}
+		return c.Key
+	}
+	if c.TenantState == decoder.TenantUnresolved {
+		return c.Key
+	}
+	return nil
+}
+
+// lookupTenants finds, for every key whose previous tenant a change of the
+// batch needs (priorKey), the tenant of the newest journaled change of that
+// key, in one query for the whole batch. It returns nil when the batch has
+// no such change (the common case without tenancy: one cheap pass over
+// in-memory changes). Only entities that carried tenants before the batch
+// (base) are looked up: only theirs have key_hash set. The map is entity →
+// key → resolution and also covers keys resolved later in the batch itself
+// (copySource updates it).
+func (j *Journal) lookupTenants(ctx context.Context, tx querier, txs []*decoder.Transaction, base map[string]entityState) (map[string]map[string]*tenantRes, error) {
 	var ents, keys []string
 	var hashes []int64
 	var m map[string]map[string]*tenantRes
@@ -31,7 +52,8 @@ func (j *Journal) lookupTenants(ctx context.Context, tx querier, txs []*decoder.
 		it := t.Changes()
 		for it.Next() {
 			c := it.Change()
-			if c.TenantState != decoder.TenantUnresolved || c.Key == nil {
+			k := priorKey(c)
+			if k == nil {
 				continue
 			}
 			if m == nil {
@@ -42,20 +64,22 @@ func (j *Journal) lookupTenants(ctx context.Context, tx querier, txs []*decoder.
 				km = map[string]*tenantRes{}
 				m[c.Entity] = km
 			}
-			if _, ok := km[string(c.Key)]; ok {
+			if _, ok := km[string(k)]; ok {
 				continue
 			}
-			km[string(c.Key)] = &tenantRes{}
-			ents = append(ents, c.Entity)
-			keys = append(keys, string(c.Key))
-			hashes = append(hashes, keyHash(c.Entity, c.Key))
+			km[string(k)] = &tenantRes{}
+			if base[c.Entity].tenanted {
+				ents = append(ents, c.Entity)
+				keys = append(keys, string(k))
+				hashes = append(hashes, keyHash(c.Entity, k))
+			}
 		}
 		if err := it.Err(); err != nil {
 			return nil, fmt.Errorf("read transaction %d: %w", t.Xid, err)
 		}
 	}
-	if m == nil {
-		return nil, nil
+	if len(ents) == 0 {
+		return m, nil
 	}
 	rows, err := tx.Query(ctx, `SELECT u.entity, u.key, l.tenant FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(entity, key, h)
 		JOIN LATERAL (SELECT e.tenant FROM `+j.sql.entries+` e

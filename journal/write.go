@@ -1,6 +1,7 @@
 package journal
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
@@ -193,7 +194,7 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 	}
 	res.Transactions = len(kept)
 
-	resolve, err := j.lookupTenants(ctx, conn, kept)
+	resolve, err := j.lookupTenants(ctx, conn, kept, j.cache.entities)
 	if err != nil {
 		return res, err
 	}
@@ -266,6 +267,7 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 		j.wakeLocal(src.next-1, o.epoch)
 	}
 	res.TenantUnknown = src.unknown
+	res.Moved = src.moved
 	reuse = true
 	return res, nil
 }
@@ -386,6 +388,7 @@ type copySource struct {
 	env       []byte // scratch for one envelope
 	bytes     int64
 	unknown   int
+	moved     int // deletes written for rows that changed tenant
 	resyncSeq int64
 	err       error
 
@@ -490,7 +493,9 @@ var (
 // pgEpoch is PostgreSQL's timestamp epoch, in Unix microseconds.
 const pgEpoch = 946684800 * 1000000
 
-// encode appends one row in COPY binary format, columns as entryColumns.
+// encode appends one change's rows in COPY binary format, columns as
+// entryColumns: one row, or two for an update that moved its row to
+// another tenant (moved).
 func (s *copySource) encode(c *decoder.Change) error {
 	t := s.cur
 	body := c.Body
@@ -500,19 +505,19 @@ func (s *copySource) encode(c *decoder.Change) error {
 	if c.LSN > math.MaxInt64 {
 		return fmt.Errorf("%w: change LSN %s does not fit the journal's bigint", ErrUnencodable, c.LSN)
 	}
-	seq := s.next
-	s.next++
 	st, ok := s.dirty[c.Entity]
 	if !ok {
 		st = s.base[c.Entity]
 	}
-	st.seq++
-	if c.TenantState != decoder.TenantNone {
+	if c.TenantState != decoder.TenantNone || c.Tenanted {
 		st.tenanted = true
 	}
-	s.dirty[c.Entity] = st
-	if c.Op == decoder.OpResync {
-		s.resyncSeq = seq
+
+	// The key's previous tenant, when the change needs it (priorKey).
+	var prior *tenantRes
+	pk := priorKey(c)
+	if pk != nil && s.resolve != nil {
+		prior = s.resolve[c.Entity][string(pk)]
 	}
 
 	var tenant []byte
@@ -522,29 +527,58 @@ func (s *copySource) encode(c *decoder.Change) error {
 	case decoder.TenantKnown:
 		tenant, hasTenant = []byte(c.Tenant), true
 	case decoder.TenantUnresolved:
-		var r *tenantRes
-		if c.Key != nil && s.resolve != nil {
-			r = s.resolve[c.Entity][string(c.Key)]
-		}
 		switch {
-		case r == nil || !r.found:
+		case prior == nil || !prior.found:
 			unknown = true
 			s.unknown++
 			suffix = tenantUnknownKV
-		case r.tenant != nil:
-			tenant, hasTenant = []byte(*r.tenant), true
-			q, _ := json.Marshal(*r.tenant)
+		case prior.tenant != nil:
+			tenant, hasTenant = []byte(*prior.tenant), true
+			q, _ := json.Marshal(*prior.tenant)
 			suffix = append(append([]byte(`,"tenant":`), q...), '}')
 		}
 	}
-	if s.resolve != nil && c.Key != nil && c.TenantState != decoder.TenantUnresolved {
-		if r := s.resolve[c.Entity][string(c.Key)]; r != nil {
-			r.found = true
-			r.tenant = nil
-			if c.TenantState == decoder.TenantKnown {
-				v := c.Tenant
-				r.tenant = &v
+
+	if c.Op == decoder.OpUpdate && !unknown && c.Key != nil {
+		// Did the row change tenant? Its old tenant is in the old row
+		// (FULL, or an identity holding the tenant column), else it is the
+		// tenant of the newest change of its old key.
+		var old *string
+		oldKnown := false
+		switch {
+		case c.OldTenantState == decoder.TenantKnown:
+			v := c.OldTenant
+			old, oldKnown = &v, true
+		case c.OldTenantState == decoder.TenantNone:
+			oldKnown = c.Tenanted // zero for changes built without the old row's state
+		case prior != nil && prior.found:
+			old, oldKnown = prior.tenant, true
+		}
+		if oldKnown && ((old != nil) != hasTenant || (old != nil && *old != string(tenant))) {
+			oldKey := c.OldKey
+			if oldKey == nil {
+				oldKey = c.Key
 			}
+			if err := s.encodeMoved(c, &st, oldKey, old); err != nil {
+				return err
+			}
+			s.learn(c.Entity, oldKey, old)
+		}
+	}
+
+	seq := s.next
+	s.next++
+	st.seq++
+	s.dirty[c.Entity] = st
+	if c.Op == decoder.OpResync {
+		s.resyncSeq = seq
+	}
+	if !unknown && c.Key != nil {
+		if hasTenant {
+			v := string(tenant)
+			s.learn(c.Entity, c.Key, &v)
+		} else {
+			s.learn(c.Entity, c.Key, nil)
 		}
 	}
 
@@ -560,8 +594,80 @@ func (s *copySource) encode(c *decoder.Change) error {
 		e = append(e, suffix...)
 	}
 	s.env = e
-	s.bytes += int64(len(e))
+	s.row(c, seq, st, c.Op, c.Key, tenant, hasTenant, unknown, e)
+	return nil
+}
 
+// learn records, for a key the batch looks up, the tenant of its newest
+// change so far (nil: no tenant).
+func (s *copySource) learn(entity string, key []byte, tenant *string) {
+	if s.resolve == nil {
+		return
+	}
+	if r := s.resolve[entity][string(key)]; r != nil {
+		r.found, r.tenant = true, tenant
+	}
+}
+
+// movedKV marks the delete an update's move to another tenant is journaled
+// with (see encodeMoved).
+var movedKV = []byte(`,"moved":"tenant"}`)
+
+// encodeMoved appends the entry that takes a row out of its old tenant when
+// update c moves it to another (DESIGN §5): a delete of the old key in the
+// old tenant (nil: none), journaled just before the update with its own seq
+// and entitySeq, and marked "moved":"tenant". It is shaped as a key-only
+// delete — key and before both the old key — with the update's position,
+// transaction and entity, and says nothing of the new tenant.
+func (s *copySource) encodeMoved(c *decoder.Change, st *entityState, oldKey []byte, old *string) error {
+	body := c.Body
+	// The body is `{"lsn":…,"commitTime":"…","entity":"…","op":"update",…}`;
+	// the entity is a JSON string, in which `,"` cannot occur, so the first
+	// `,"op":"` after `,"entity":` is the op's.
+	i := bytes.Index(body, entityKey)
+	var k int
+	if i >= 0 {
+		k = bytes.Index(body[i:], opKey)
+	}
+	if i < 0 || k < 0 {
+		return fmt.Errorf("%w: update at %s in transaction %d: body has no entity and op", ErrUnencodable, c.LSN, s.cur.Xid)
+	}
+	seq := s.next
+	s.next++
+	st.seq++
+	e := append(s.env[:0], seqPrefix...)
+	e = strconv.AppendInt(e, seq, 10)
+	e = append(e, entitySeqInfix...)
+	e = strconv.AppendInt(e, st.seq, 10)
+	e = append(e, ',')
+	e = append(e, body[1:i+k]...)
+	e = append(e, `,"op":"delete","key":`...)
+	e = append(e, oldKey...)
+	e = append(e, `,"before":`...)
+	e = append(e, oldKey...)
+	var tenant []byte
+	if old != nil {
+		tenant = []byte(*old)
+		q, _ := json.Marshal(*old)
+		e = append(e, `,"tenant":`...)
+		e = append(e, q...)
+	}
+	e = append(e, movedKV...)
+	s.env = e
+	s.moved++
+	s.row(c, seq, *st, decoder.OpDelete, oldKey, tenant, old != nil, false, e)
+	return nil
+}
+
+var (
+	entityKey = []byte(`,"entity":`)
+	opKey     = []byte(`,"op":"`)
+)
+
+// row appends one entry row with envelope e.
+func (s *copySource) row(c *decoder.Change, seq int64, st entityState, op decoder.Op, key, tenant []byte, hasTenant, unknown bool, e []byte) {
+	t := s.cur
+	s.bytes += int64(len(e))
 	b := binary.BigEndian.AppendUint16(s.buf, uint16(len(entryColumns)))
 	b = appendInt8(b, seq)
 	b = appendText(b, []byte(c.Entity), true)
@@ -573,16 +679,16 @@ func (s *copySource) encode(c *decoder.Change) error {
 	} else {
 		b = append(b, 0)
 	}
-	b = appendText(b, []byte(c.Op), true)
+	b = appendText(b, []byte(op), true)
 	// Only entities that carry tenants need their keys found again (to
-	// route a key-only delete); indexing the others' keys would tax every
-	// append for nothing.
-	if c.Key != nil && st.tenanted {
-		b = appendInt8(b, keyHash(c.Entity, c.Key))
+	// route a key-only delete, to see a row change tenant); indexing the
+	// others' keys would tax every append for nothing.
+	if key != nil && st.tenanted {
+		b = appendInt8(b, keyHash(c.Entity, key))
 	} else {
 		b = binary.BigEndian.AppendUint32(b, math.MaxUint32) // NULL
 	}
-	b = appendText(b, c.Key, c.Key != nil)
+	b = appendText(b, key, key != nil)
 	b = appendInt8(b, int64(c.LSN))
 	b = appendInt8(b, int64(t.EndLSN))
 	b = appendInt8(b, int64(t.Xid))
@@ -591,7 +697,6 @@ func (s *copySource) encode(c *decoder.Change) error {
 	b = binary.BigEndian.AppendUint32(b, uint32(len(e)))
 	b = appendText(b, e, true)
 	s.buf = b
-	return nil
 }
 
 func appendInt8(b []byte, v int64) []byte {
