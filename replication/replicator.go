@@ -197,6 +197,7 @@ type Replicator struct {
 
 	watermark   atomic.Uint64 // journaled position, shared by loop and writer
 	serverEnd   atomic.Uint64
+	cov         coverage // covered.go
 	delay       atomic.Int64 // ns from the newest commit of the last batch to its journal commit
 	stats       Stats
 	inst        *instruments // nil until RegisterMetrics

@@ -46,7 +46,9 @@ func (r *Replicator) stream(ctx context.Context, conn *pgconn.PgConn, gen int64,
 	if r.skipRelations != nil {
 		loop.advanceSlack = ownWALSlack
 	}
+	r.cov.setWake(wake.wake)
 	err := loop.run(ctx)
+	r.cov.setWake(nil)
 	stopSnaps()
 	<-snapsDone
 
@@ -164,6 +166,13 @@ func (l *streamLoop) run(ctx context.Context) error {
 			}
 			return l.writerErr
 		}
+		if l.r.cov.want.Swap(false) {
+			// Covered waits: a keepalive tells how far the server has
+			// sent, which is journaled once nothing is in flight.
+			if err := l.sendStatus(ctx, true); err != nil {
+				return err
+			}
+		}
 		if err := l.maybeSendStatus(ctx); err != nil {
 			return err
 		}
@@ -239,6 +248,11 @@ func (l *streamLoop) handle(ctx context.Context, msg pgproto3.BackendMessage) er
 			}
 			end := decoder.LSN(k.ServerWALEnd)
 			l.r.serverEnd.Store(uint64(end))
+			if l.dec.Idle() && l.q.idle() {
+				// Everything the server sent before end is journaled (or
+				// was not ours): covered, with nothing written.
+				l.r.cov.advance(end)
+			}
 			// Confirm the keepalive's position only when nothing is decoded
 			// but unjournaled: journal it as the watermark first, so the
 			// slot never runs ahead of the journal (DESIGN §4.4, §4.6).

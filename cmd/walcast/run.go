@@ -272,6 +272,14 @@ func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
 		return withCode(exitFailed, err)
 	}
 	defer natsReg.Unregister()
+	// Sync nodes ask how far the journal covers the source's WAL (to end a
+	// snapshot's catch-up on an idle source); this replicator answers while
+	// it streams the slot.
+	coveredSub, err := publish.ServeCovered(nc, s.prefix, r.Covered)
+	if err != nil {
+		return withCode(exitFailed, fmt.Errorf("subscribe to %s: %w", bus.CoveredSubject(s.prefix), err))
+	}
+	defer func() { _ = coveredSub.Unsubscribe() }()
 	pub.SetTracerProvider(tracing.TracerProvider())
 	stuckAfter := writerStuckAfter(j.CallTimeout())
 	srv, err := telemetry.Listen(s.httpListen, metrics, func() (bool, string) {

@@ -542,6 +542,7 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 	tq, _ := json.Marshal(q.Entities[0])
 	pos := max(0, h0-snapshotLookback)
 	passed := false // an entry committed after walAt was read: every later one is invisible in snap
+	asked := time.Now() // a busy source covers walAt by itself within a second
 	for {
 		// Whether everything committed up to walAt is journaled, checked
 		// before the read that then covers it.
@@ -557,6 +558,12 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 						covered = true
 					}
 				}
+			}
+			if !covered && time.Since(asked) >= time.Second {
+				// An idle source may not move the watermark for long:
+				// ask the replicator, which knows without writing.
+				asked = time.Now()
+				covered = n.askCovered(ctx, walAt)
 			}
 		}
 		for {
