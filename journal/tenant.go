@@ -47,6 +47,7 @@ func priorKey(c *decoder.Change) []byte {
 func (j *Journal) lookupTenants(ctx context.Context, tx querier, txs []*decoder.Transaction, base map[string]entityState) (map[string]map[string]*tenantRes, error) {
 	var ents, keys []string
 	var hashes []int64
+	var res []*tenantRes // of the keys looked up, in order
 	var m map[string]map[string]*tenantRes
 	for _, t := range txs {
 		it := t.Changes()
@@ -67,11 +68,13 @@ func (j *Journal) lookupTenants(ctx context.Context, tx querier, txs []*decoder.
 			if _, ok := km[string(k)]; ok {
 				continue
 			}
-			km[string(k)] = &tenantRes{}
+			r := &tenantRes{}
+			km[string(k)] = r
 			if base[c.Entity].tenanted {
 				ents = append(ents, c.Entity)
 				keys = append(keys, string(k))
 				hashes = append(hashes, keyHash(c.Entity, k))
+				res = append(res, r)
 			}
 		}
 		if err := it.Err(); err != nil {
@@ -81,17 +84,21 @@ func (j *Journal) lookupTenants(ctx context.Context, tx querier, txs []*decoder.
 	if len(ents) == 0 {
 		return m, nil
 	}
-	rows, err := tx.Query(ctx, `SELECT u.entity, u.key, l.tenant FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(entity, key, h)
+	// Rows name their key by its ordinal: the keys are not sent back.
+	rows, err := tx.Query(ctx, `SELECT u.i, l.tenant FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS u(entity, key, h, i)
 		JOIN LATERAL (SELECT e.tenant FROM `+j.sql.entries+` e
 			WHERE e.key_hash = u.h AND e.entity = u.entity AND e.key = u.key AND NOT e.tenant_unknown
 			ORDER BY e.seq DESC LIMIT 1) l ON true`, ents, keys, hashes)
 	if err != nil {
 		return nil, err
 	}
-	var e, k string
+	var i int64
 	var tenant *string
-	_, err = pgx.ForEachRow(rows, []any{&e, &k, &tenant}, func() error {
-		m[e][k] = &tenantRes{found: true, tenant: tenant}
+	_, err = pgx.ForEachRow(rows, []any{&i, &tenant}, func() error {
+		if i < 1 || i > int64(len(res)) {
+			return fmt.Errorf("lookup returned key %d of %d", i, len(res))
+		}
+		*res[i-1] = tenantRes{found: true, tenant: tenant}
 		return nil
 	})
 	if err != nil {
