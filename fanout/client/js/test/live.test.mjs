@@ -66,3 +66,34 @@ test('live: a resync asks for a new snapshot and drops rows it does not name', a
   e.ws.sockets[1].open();
   assert.deepEqual(e.ws.sockets[1].sent, [{ t: 'sub', topic: T, cursor: 's3' }]);
 });
+
+test('live: a row moving between tenants leaves one table as a moved delete and enters the other as an upsert', async () => {
+  const e = env();
+  const c = new Client(e.opts);
+  const old = c.live(T);
+  await tick();
+  const s = e.ws.sockets[0];
+  s.open();
+  s.frame({ t: 'snapshot-begin', topic: T });
+  s.frame({ t: 'row', topic: T, change: { seq: 1, op: 'read', ...env0, key: { id: 1 }, after: { id: 1, org: 'a' }, tenant: 'a' } });
+  s.frame({ t: 'snapshot-end', topic: T, cursor: 's1' });
+  // The old tenant's socket: the journal's delete of the row it held.
+  s.frame(ch(2, 'delete', { key: { id: 1 }, before: { id: 1 }, tenant: 'a', moved: 'tenant' }));
+  assert.equal(old.rows.size, 0);
+
+  const e2 = env();
+  const c2 = new Client(e2.opts);
+  const neu = c2.live(T);
+  await tick();
+  const s2 = e2.ws.sockets[0];
+  s2.open();
+  s2.frame({ t: 'snapshot-begin', topic: T });
+  s2.frame({ t: 'snapshot-end', topic: T, cursor: 's1' });
+  // The new tenant's socket: an update of a key it never held, some of
+  // its columns unchanged (unknown here), becomes the row.
+  s2.frame(ch(3, 'update', { key: { id: 1 }, after: { id: 1, org: 'b' }, unchanged: ['notes'], tenant: 'b' }));
+  assert.deepEqual(neu.rows.get(rowKey({ id: 1 })), { id: 1, org: 'b' });
+  // The same with a key change: the old key it never held is ignored.
+  s2.frame(ch(5, 'update', { key: { id: 7 }, before: { id: 6 }, after: { id: 7, org: 'b' }, tenant: 'b' }));
+  assert.deepEqual([...neu.rows.keys()].sort(), [rowKey({ id: 1 }), rowKey({ id: 7 })].sort());
+});
