@@ -44,8 +44,10 @@ type Config struct {
 	// (a NATS PING/PONG round trip); default 5s.
 	FlushTimeout time.Duration
 	// RecordInterval is the longest the published position goes unsaved
-	// while publishing; default 250ms. It is also saved whenever the
-	// publisher catches up.
+	// while publishing, and how soon it is saved once the publisher has
+	// caught up (it is not saved at every catch-up: that would put a
+	// journal commit in front of every batch of a steady load); default
+	// 250ms. It is saved once more when Run stops.
 	RecordInterval time.Duration
 	// PositionInterval is the most often the publisher's position is
 	// published on bus.PositionSubject while it publishes (once more when
@@ -234,6 +236,14 @@ func (p *Publisher) Run(ctx context.Context) error {
 			break
 		}
 	}
+	if loaded && !failing && p.savedPos < pos {
+		// Stopping: save the position reached (it is saved only every
+		// RecordInterval while running), so a restart republishes nothing
+		// it need not; a flush that fails leaves the older one.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.FlushTimeout)
+		defer cancel()
+		_ = p.record(sctx, pos)
+	}
 	return nil
 }
 
@@ -266,42 +276,67 @@ func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
 		if lg.Horizon > pos && pos < lg.Floor-1 {
 			return lg.Floor - 1, p.j.SetPublished(ctx, lg.Floor-1)
 		}
-		// Caught up: tell sync nodes where the stream stands (at most
-		// every PositionInterval; until then the wait below is cut short
-		// so the last position goes out on time), and make sure the saved
-		// position is current.
-		if err := p.position(pos); err != nil {
-			return pos, err
-		}
-		wait := 30 * time.Second
-		if pos > p.posSent {
-			wait = max(time.Millisecond, p.cfg.PositionInterval-time.Since(p.posAt))
-		}
-		if saved := p.savedPos; saved < pos {
-			if err := p.record(ctx, pos); err != nil {
-				return pos, err
-			}
-		}
-		// Caught up: wait for the next append (LISTEN/NOTIFY).
-		wctx, cancel := context.WithTimeout(ctx, wait)
-		defer cancel()
-		if _, err := p.j.Wait(wctx, lg.Horizon); err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
-			return pos, err
-		}
-		return pos, nil
+		return pos, p.caughtUp(ctx, pos, lg.Horizon)
 	}
 	last := lg.Entries[len(lg.Entries)-1].Seq
-	ctx, span := p.tracer.Start(ctx, spanPublish, trace.WithAttributes(
+	sctx, span := p.tracer.Start(ctx, spanPublish, trace.WithAttributes(
 		attribute.Int("walcast.entries", len(lg.Entries)),
 		attribute.Int64("walcast.seq.first", lg.Entries[0].Seq),
 		attribute.Int64("walcast.seq.last", last)))
-	next, err := p.publish(ctx, pos, lg.Entries)
+	next, err := p.publish(sctx, pos, lg.Entries)
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "publish failed")
 	}
 	span.End()
+	if err == nil && next == lg.Horizon {
+		// The read reached the horizon: caught up as of the read. Wait
+		// for the next append straight away instead of reading again to
+		// find nothing (a journal round trip per batch under a steady
+		// load); Wait returns at once if an append came in meanwhile.
+		return next, p.caughtUp(ctx, next, lg.Horizon)
+	}
 	return next, err
+}
+
+// caughtUp is step's part once everything up to horizon is published (pos
+// is the position, at or past horizon unless entries were skipped): it
+// tells sync nodes where the stream stands (at most every
+// PositionInterval; until then the wait is cut short so the last position
+// goes out on time), saves the position when RecordInterval has passed
+// since the last save (else the wait is cut short for it: a position that
+// stopped moving is saved within RecordInterval), and waits for the next
+// append.
+//
+// The save is not made on every catch-up: under a steady load the
+// publisher catches up after nearly every batch, and a save is a NATS
+// flush and a journal commit — a disk flush — in front of the next batch.
+// The saved position is only where a restarted publisher resumes
+// (republished copies carry the same Msg-Id), so saving it at most every
+// RecordInterval changes nothing a subscriber sees.
+func (p *Publisher) caughtUp(ctx context.Context, pos, horizon int64) error {
+	if err := p.position(pos); err != nil {
+		return err
+	}
+	wait := 30 * time.Second
+	if pos > p.posSent {
+		wait = max(time.Millisecond, p.cfg.PositionInterval-time.Since(p.posAt))
+	}
+	if p.savedPos < pos {
+		if due := p.cfg.RecordInterval - time.Since(p.recorded); due > 0 {
+			wait = min(wait, due)
+		} else if err := p.record(ctx, pos); err != nil {
+			return err
+		}
+	}
+	// Wait for the next append: this process's own appends wake it at
+	// their commit (journal.Wait), another process's through NOTIFY.
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	if _, err := p.j.Wait(wctx, horizon); err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
 }
 
 // publish hands entries to NATS and returns the new position; the span of
