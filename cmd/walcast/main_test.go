@@ -8,10 +8,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/walcast/walcast/internal/natstest"
 	"github.com/walcast/walcast/internal/pgtest"
 )
 
 func TestMain(m *testing.M) {
+	// ...and as NATS servers (natstest.StartProcessCluster).
+	natstest.ServeIfChild()
 	// Process-level tests re-execute this binary as walcast itself.
 	if os.Getenv("WALCAST_TEST_EXEC") == "1" {
 		main()
