@@ -26,11 +26,23 @@ type syncStats struct {
 	epochChanges     atomic.Int64 // journal epoch changes the node followed
 	epochIgnored     atomic.Int64 // messages of another epoch ignored
 	positionsMoved   atomic.Int64 // member positions moved by publisher positions (tests)
+	// snapshotsQueued counts snapshots asked for and waiting for a slot
+	// (the socket's or the node's --max-concurrent-snapshots); the running
+	// ones and their rows are stateSource.active and .rows.
+	snapshotsQueued atomic.Int64
+	// snapshotDuration records, per snapshot that read, from its start
+	// (slot taken) to its end; nil without a Meter. Set once in Open.
+	snapshotDuration metric.Float64Histogram
 
 	mu       sync.Mutex       // guards the following fields
 	closed   map[string]int64 // close reason → sockets
 	rejected map[string]int64 // refusal reason → requests
 	repairs  map[string]int64 // cause → entity repairs
+	// snapshots counts snapshots by outcome: done, cancelled (the client
+	// unsubscribed or left, or a resync superseded it, also while queued),
+	// failed, refused (no snapshot claim, no source, or a table the node
+	// cannot read).
+	snapshots map[string]int64
 }
 
 func (st *syncStats) inc(m *map[string]int64, key string) {
@@ -47,6 +59,11 @@ type Stats struct {
 	SocketsOpen, FramesSent, FramesDropped, ReplayGaps int64
 	EpochChanges, EpochIgnored                         int64
 	Closed, Rejected, Repairs                          map[string]int64
+	// Snapshots are by outcome (done, cancelled, failed, refused);
+	// SnapshotsRunning read now, SnapshotsQueued wait for a slot,
+	// SnapshotRows is every row frame sent.
+	Snapshots                                       map[string]int64
+	SnapshotsRunning, SnapshotsQueued, SnapshotRows int64
 }
 
 // Stats returns a snapshot of the node's counters.
@@ -55,7 +72,11 @@ func (n *Node) Stats() Stats {
 	out := Stats{SocketsOpen: st.socketsOpen.Load(), FramesSent: st.framesSent.Load(),
 		FramesDropped: st.framesDropped.Load(), ReplayGaps: st.replayGaps.Load(),
 		EpochChanges: st.epochChanges.Load(), EpochIgnored: st.epochIgnored.Load(),
-		Closed: map[string]int64{}, Rejected: map[string]int64{}, Repairs: map[string]int64{}}
+		Closed: map[string]int64{}, Rejected: map[string]int64{}, Repairs: map[string]int64{},
+		Snapshots: map[string]int64{}, SnapshotsQueued: st.snapshotsQueued.Load()}
+	if n.state != nil {
+		out.SnapshotsRunning, out.SnapshotRows = n.state.active.Load(), n.state.rows.Load()
+	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	for k, v := range st.closed {
@@ -67,8 +88,15 @@ func (n *Node) Stats() Stats {
 	for k, v := range st.repairs {
 		out.Repairs[k] = v
 	}
+	for k, v := range st.snapshots {
+		out.Snapshots[k] = v
+	}
 	return out
 }
+
+// snapshotOutcomes are the outcome label's values, each exported from the
+// start (0 until it happens) so a rate over them needs no first event.
+var snapshotOutcomes = []string{"done", "cancelled", "failed", "refused"}
 
 // registerSyncMetrics exposes the counters (DESIGN §8).
 func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, error) {
@@ -117,6 +145,31 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 	if err != nil {
 		return nil, err
 	}
+	snapshots, err := meter.Int64ObservableCounter("walcast.sync.snapshots",
+		metric.WithDescription("snapshots (\"snapshot\":true subscriptions, GET /v1/snapshot) by outcome: done, cancelled, failed, refused"))
+	if err != nil {
+		return nil, err
+	}
+	snapRows, err := meter.Int64ObservableCounter("walcast.sync.snapshot.rows",
+		metric.WithDescription("row frames sent by snapshots"))
+	if err != nil {
+		return nil, err
+	}
+	snapRunning, err := meter.Int64ObservableUpDownCounter("walcast.sync.snapshots.running",
+		metric.WithDescription("snapshots reading now (at most --max-concurrent-snapshots)"))
+	if err != nil {
+		return nil, err
+	}
+	snapQueued, err := meter.Int64ObservableUpDownCounter("walcast.sync.snapshots.queued",
+		metric.WithDescription("snapshots waiting for a slot (--max-concurrent-snapshots, or the socket's own)"))
+	if err != nil {
+		return nil, err
+	}
+	if n.stats.snapshotDuration, err = meter.Float64Histogram("walcast.sync.snapshot.duration", metric.WithUnit("s"),
+		metric.WithDescription("snapshot length, from taking its slot to its end, whatever the outcome"),
+		metric.WithExplicitBucketBoundaries(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600)); err != nil {
+		return nil, err
+	}
 	return meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		s := n.Stats()
 		o.ObserveInt64(open, s.SocketsOpen)
@@ -134,6 +187,12 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 		for k, v := range s.Repairs {
 			o.ObserveInt64(repairs, v, metric.WithAttributes(attribute.String("cause", k)))
 		}
+		for _, k := range snapshotOutcomes {
+			o.ObserveInt64(snapshots, s.Snapshots[k], metric.WithAttributes(attribute.String("outcome", k)))
+		}
+		o.ObserveInt64(snapRows, s.SnapshotRows)
+		o.ObserveInt64(snapRunning, s.SnapshotsRunning)
+		o.ObserveInt64(snapQueued, s.SnapshotsQueued)
 		return nil
-	}, open, sent, dropped, gaps, received, closed, rejected, repairs, epochs)
+	}, open, sent, dropped, gaps, received, closed, rejected, repairs, epochs, snapshots, snapRows, snapRunning, snapQueued)
 }

@@ -52,12 +52,17 @@ func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 	defer done()
 	st := n.state
 	ctx := r.Context()
+	n.stats.snapshotsQueued.Add(1)
 	select {
 	case st.sem <- struct{}{}:
 	case <-ctx.Done():
+		n.stats.snapshotsQueued.Add(-1)
+		n.snapshotEnded("cancelled", time.Time{})
 		return
 	}
+	n.stats.snapshotsQueued.Add(-1)
 	st.active.Add(1)
+	started := time.Now()
 	defer func() {
 		st.active.Add(-1)
 		<-st.sem
@@ -77,13 +82,22 @@ func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 		var cur string
 		if cur, err = n.j.CursorAt(q, res.epoch, res.pos); err == nil {
 			err = sink.send(ctx, snapshotEndPayload(topic, cur, res))
-			_ = sink.rc.Flush()
+			if err == nil {
+				err = sink.rc.Flush()
+			}
+			if err == nil {
+				n.snapshotEnded("done", started)
+			} else {
+				n.snapshotEnded("cancelled", started) // the client left before the end
+			}
 			return
 		}
 	}
 	if ctx.Err() != nil {
+		n.snapshotEnded("cancelled", started)
 		return // the client left
 	}
+	n.snapshotEnded(snapshotOutcome(err), started)
 	var ref *errSnapshotRefused
 	msg := "the snapshot failed; retry"
 	if errors.As(err, &ref) {

@@ -649,6 +649,14 @@ func snapshotEndPayload(topic, cursor string, r stateResult) []byte {
 // checkSnapshot says whether claims may take a snapshot of a topic on this
 // node: the error code and message to answer with, or "".
 func (n *Node) checkSnapshot(claims *Claims) (code, msg string) {
+	code, msg = n.snapshotAllowed(claims)
+	if code != "" {
+		n.snapshotEnded("refused", time.Time{})
+	}
+	return code, msg
+}
+
+func (n *Node) snapshotAllowed(claims *Claims) (code, msg string) {
 	if n.state == nil {
 		return "snapshot-unavailable", "this node serves no snapshots (it was started without --database-url); subscribe without snapshot"
 	}
@@ -656,6 +664,26 @@ func (n *Node) checkSnapshot(claims *Claims) (code, msg string) {
 		return "forbidden", `the token does not allow snapshots: it needs the claim "snapshot": true`
 	}
 	return "", ""
+}
+
+// snapshotEnded counts a snapshot by outcome (metrics.go) and, when it
+// read (started is set), records its duration.
+func (n *Node) snapshotEnded(outcome string, started time.Time) {
+	n.stats.inc(&n.stats.snapshots, outcome)
+	if h := n.stats.snapshotDuration; h != nil && !started.IsZero() {
+		h.Record(context.Background(), time.Since(started).Seconds())
+	}
+}
+
+// snapshotOutcome is the outcome of a snapshot that ended with err while
+// its client was still there: refused for a table the node will not read
+// as asked, failed for anything else.
+func snapshotOutcome(err error) string {
+	var ref *errSnapshotRefused
+	if errors.As(err, &ref) {
+		return "refused"
+	}
+	return "failed"
 }
 
 // socketSink queues a snapshot's frames on a socket, waiting for room:
@@ -734,18 +762,25 @@ const snapshotAttempts = 3
 func (s *socket) runSnapshot(ctx context.Context, m *member, j *snapJob, reason string) {
 	n := s.n
 	st := n.state
+	n.stats.snapshotsQueued.Add(1)
 	select {
 	case s.snapSlots <- struct{}{}:
 	case <-ctx.Done():
+		n.stats.snapshotsQueued.Add(-1)
+		n.snapshotEnded("cancelled", time.Time{})
 		return
 	}
 	defer func() { <-s.snapSlots }()
 	select {
 	case st.sem <- struct{}{}:
 	case <-ctx.Done():
+		n.stats.snapshotsQueued.Add(-1)
+		n.snapshotEnded("cancelled", time.Time{})
 		return
 	}
+	n.stats.snapshotsQueued.Add(-1)
 	st.active.Add(1)
+	started := time.Now()
 	defer func() {
 		st.active.Add(-1)
 		<-st.sem
@@ -762,8 +797,10 @@ func (s *socket) runSnapshot(ctx context.Context, m *member, j *snapJob, reason 
 	}
 	if err != nil {
 		if ctx.Err() != nil || !m.ownsJob(j) {
+			n.snapshotEnded("cancelled", started)
 			return // unsubscribed, superseded or closed
 		}
+		n.snapshotEnded(snapshotOutcome(err), started)
 		var ref *errSnapshotRefused
 		msg := "the snapshot failed; subscribe again to retry"
 		if errors.As(err, &ref) {
@@ -779,14 +816,17 @@ func (s *socket) runSnapshot(ctx context.Context, m *member, j *snapJob, reason 
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if m.job != j || m.state != memberSnapshotting {
+		n.snapshotEnded("cancelled", started)
 		return
 	}
 	m.job = nil
 	cur, err := n.j.CursorAt(m.q, res.epoch, res.pos)
 	if err != nil {
+		n.snapshotEnded("failed", started)
 		s.enqueue(errorFrame("unavailable", "cannot issue cursors", m.topic), nil)
 		return
 	}
+	n.snapshotEnded("done", started)
 	m.pos, m.epoch, m.state = res.pos, res.epoch, memberCatchingUp
 	s.enqueue(newFrame(snapshotEndPayload(m.topic, cur, res)), nil)
 	n.alignEpochLocked(m)

@@ -38,6 +38,13 @@ type stateEnv struct {
 
 func newStateEnv(t *testing.T, setup ...string) *stateEnv {
 	t.Helper()
+	return newStateEnvWith(t, nil, setup...)
+}
+
+// newStateEnvWith is newStateEnv with mod adjusting the replicator's and
+// the node's configuration before they start.
+func newStateEnvWith(t *testing.T, mod func(*replication.Config, *Config), setup ...string) *stateEnv {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	url := pgtest.NewDatabase(t)
 	pgtest.MustExec(t, url, append([]string{
@@ -54,9 +61,20 @@ func newStateEnv(t *testing.T, setup ...string) *stateEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := replication.New(replication.Config{DatabaseURL: url, Publication: "pub", Slot: stateSlot(t), TenantColumn: "tenant",
+	rcfg := replication.Config{DatabaseURL: url, Publication: "pub", Slot: stateSlot(t), TenantColumn: "tenant",
 		Standby: true, StatusInterval: time.Second, BackoffBase: 50 * time.Millisecond, BackoffMax: 500 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))}, j)
+		Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	auth, err := NewHMACAuth(syncJWTSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ncfg := Config{NATS: bus.NATSConfig{URL: ns.URL()}, Journal: j, Auth: auth,
+		State:  StateConfig{SourceURL: url, Publication: "pub", TenantColumn: "tenant", MaxConcurrent: 4},
+		Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	if mod != nil {
+		mod(&rcfg, &ncfg)
+	}
+	r, err := replication.New(rcfg, j)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,13 +101,7 @@ func newStateEnv(t *testing.T, setup ...string) *stateEnv {
 	}()
 	p := publish.New(publish.Config{}, j, pubConn)
 	go func() { defer wg.Done(); _ = p.Run(ctx) }()
-	auth, err := NewHMACAuth(syncJWTSecret)
-	if err != nil {
-		t.Fatal(err)
-	}
-	node, err := Open(ctx, Config{NATS: bus.NATSConfig{URL: ns.URL()}, Journal: j, Auth: auth,
-		State:  StateConfig{SourceURL: url, Publication: "pub", TenantColumn: "tenant", MaxConcurrent: 4},
-		Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	node, err := Open(ctx, ncfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,565 @@
+package sync
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/internal/pgtest"
+	"github.com/walcast/walcast/replication"
+)
+
+// liveClient is a "snapshot":true subscriber whose socket is read all the
+// time by its own goroutine, which applies every frame to its stateClient
+// (an application that keeps up). Tests read the state under mu.
+type liveClient struct {
+	id int
+	ws *wsConn
+
+	mu     sync.Mutex // guards the following fields
+	c      *stateClient
+	frames []string // the last frames seen, cut short
+	before []string // frames up to the first error
+	// bareResyncs counts resync frames: a snapshot client is answered
+	// with a fresh snapshot instead.
+	bareResyncs int
+	reasons     []string // snapshot-begin reasons
+	readErr     error
+	leakErrs    []string // frames a client of this scope must never get
+}
+
+// startLiveClient dials with tok, subscribes to public.docs with
+// "snapshot":true and reads until the test ends.
+func startLiveClient(t *testing.T, env *stateEnv, id int, tenant, tok string) *liveClient {
+	t.Helper()
+	lc := &liveClient{id: id, ws: env.mustDial(tok), c: newStateClient(tenant)}
+	lc.ws.send(map[string]any{"t": "sub", "topic": "public.docs", "snapshot": true})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			_, b, err := lc.ws.c.ReadMessage()
+			lc.mu.Lock()
+			if err != nil {
+				lc.readErr = err
+				lc.mu.Unlock()
+				return
+			}
+			nerr := len(lc.c.errs)
+			f, err := lc.c.apply(b)
+			if err != nil {
+				lc.c.errs = append(lc.c.errs, err.Error())
+			}
+			// The last frames, cut short, for the report of the first error.
+			lc.frames = append(lc.frames, string(b[:min(len(b), 200)]))
+			if len(lc.frames) > 60 && lc.before == nil {
+				lc.frames = lc.frames[1:]
+			}
+			if len(lc.c.errs) > nerr && lc.before == nil {
+				lc.before = lc.frames
+			}
+			if f.T == "resync" {
+				lc.bareResyncs++
+			}
+			if f.T == "snapshot-begin" {
+				var r struct {
+					Reason string `json:"reason"`
+				}
+				_ = json.Unmarshal(b, &r)
+				lc.reasons = append(lc.reasons, r.Reason)
+			}
+			if msg := scopeLeak(tenant, b); msg != "" {
+				lc.leakErrs = append(lc.leakErrs, msg)
+			}
+			lc.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		lc.ws.c.Close()
+		<-done
+	})
+	return lc
+}
+
+// scopeLeak says what is wrong with frame b for a client of scope tenant
+// (DESIGN §5): a row or change of another tenant, a tenant-unknown change,
+// or, for an unscoped client, any tenant's; "" when nothing is.
+func scopeLeak(tenant string, b []byte) string {
+	var f struct {
+		T      string          `json:"t"`
+		Row    json.RawMessage `json:"row"`
+		Change json.RawMessage `json:"change"`
+	}
+	if json.Unmarshal(b, &f) != nil {
+		return ""
+	}
+	body := f.Row
+	if f.T == "change" {
+		body = f.Change
+	}
+	if f.T != "row" && f.T != "change" {
+		return ""
+	}
+	var e struct {
+		Op            string  `json:"op"`
+		Tenant        *string `json:"tenant"`
+		TenantUnknown bool    `json:"tenantUnknown"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil {
+		return fmt.Sprintf("%s frame that does not parse: %v", f.T, err)
+	}
+	switch {
+	case e.TenantUnknown:
+		return fmt.Sprintf("tenant-unknown %s %s reached a client of scope %q: %s", f.T, e.Op, tenant, body)
+	case e.Tenant != nil && tenant == "":
+		return fmt.Sprintf("%s %s of tenant %q reached an unscoped client: %s", f.T, e.Op, *e.Tenant, body)
+	case e.Tenant != nil && *e.Tenant != tenant:
+		return fmt.Sprintf("%s %s of tenant %q reached a client of tenant %q: %s", f.T, e.Op, *e.Tenant, tenant, body)
+	}
+	return ""
+}
+
+// converged reports whether lc has finished a snapshot and its state equals
+// want, and the difference when not.
+func (lc *liveClient) converged(want map[string]string) (bool, string) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if lc.readErr != nil {
+		return false, "socket ended: " + lc.readErr.Error()
+	}
+	if lc.c.snaps == 0 || lc.c.inSnap {
+		return false, "no snapshot finished yet"
+	}
+	d := diffStates(lc.c.rows, want)
+	return d == "", d
+}
+
+// waitConverged waits until every client's state equals the table scoped
+// as it is, which must no longer change.
+func waitConverged(t *testing.T, env *stateEnv, clients []*liveClient) {
+	t.Helper()
+	want := map[string]map[string]string{}
+	for _, lc := range clients {
+		if want[lc.c.tenant] == nil {
+			want[lc.c.tenant] = tableState(t, env.src, lc.c.tenant)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for _, lc := range clients {
+		for {
+			ok, d := lc.converged(want[lc.c.tenant])
+			if ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("client %d (tenant %q): state differs from the table:\n%s", lc.id, lc.c.tenant, d)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+func (lc *liveClient) check(t *testing.T) {
+	t.Helper()
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if len(lc.c.errs) > 0 {
+		t.Errorf("client %d (tenant %q): %s\nthe frames up to the first error:\n%s", lc.id, lc.c.tenant, strings.Join(lc.c.errs, "; "),
+			strings.Join(lc.before, "\n"))
+	}
+	if len(lc.leakErrs) > 0 {
+		t.Errorf("client %d (tenant %q): %d frames out of scope, first: %s", lc.id, lc.c.tenant, len(lc.leakErrs), lc.leakErrs[0])
+	}
+}
+
+func (lc *liveClient) snapshots() int {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	return lc.c.snaps
+}
+
+// TestStateStorm100Clients is the validator of "state, then changes" under
+// load: while writers insert, update (moving rows to other keys) and delete,
+// and a TRUNCATE empties the table half way, 100 clients of two tenants and
+// unscoped ones subscribe with "snapshot":true at random moments. Every
+// client keeps its state from the frames alone; once the writes stop, each
+// must equal a SELECT of the table scoped as it is, with no change applied
+// twice or missing (stateClient) and nothing out of scope. Clients whose
+// snapshot had ended before the TRUNCATE must have been given a fresh one.
+func TestStateStorm100Clients(t *testing.T) {
+	env := newStateEnvWith(t, func(_ *replication.Config, c *Config) { c.State.MaxConcurrent = 8 })
+	const ids = 600
+	pgtest.MustExec(t, env.src, fmt.Sprintf(`INSERT INTO docs SELECT g, (ARRAY['a','b',NULL])[g %% 3 + 1], 'seed' FROM generate_series(1, %d) g ON CONFLICT DO NOTHING`, ids))
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 2 {
+		wg.Add(1)
+		go stormWriter(t, env.src, uint64(100+w), ids, stop, wg.Done)
+	}
+	tenants := []string{"a", "b", ""}
+	toks := map[string]string{}
+	for _, tn := range tenants {
+		toks[tn] = stateToken(t, tn, true)
+	}
+	rng := rand.New(rand.NewPCG(42, 1))
+	var clients []*liveClient
+	var endedBeforeTruncate []*liveClient
+	for i := range 100 {
+		time.Sleep(time.Duration(rng.IntN(40)) * time.Millisecond) // random moments during the storm
+		if i == 50 {
+			for _, lc := range clients {
+				if lc.snapshots() > 0 {
+					endedBeforeTruncate = append(endedBeforeTruncate, lc)
+				}
+			}
+			pgtest.MustExec(t, env.src, `TRUNCATE docs`)
+		}
+		tn := tenants[rng.IntN(len(tenants))]
+		clients = append(clients, startLiveClient(t, env, i, tn, toks[tn]))
+	}
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	if len(endedBeforeTruncate) == 0 {
+		t.Fatal("no snapshot had ended before the TRUNCATE; the test proves nothing about resnapshots (raise the pause before it)")
+	}
+	waitConverged(t, env, clients)
+	for _, lc := range clients {
+		lc.check(t)
+	}
+	for _, lc := range endedBeforeTruncate {
+		if n := lc.snapshots(); n < 2 {
+			t.Errorf("client %d's snapshot ended before the TRUNCATE, yet it got %d snapshots, want a fresh one after it", lc.id, n)
+		}
+	}
+	s := env.node.Stats()
+	t.Logf("%d clients (%d snapshotted before the TRUNCATE); snapshots %v, %d rows sent", len(clients), len(endedBeforeTruncate), s.Snapshots, s.SnapshotRows)
+	if s.Snapshots["failed"] > 0 || s.Snapshots["refused"] > 0 {
+		t.Errorf("snapshots by outcome %v: none may fail or be refused", s.Snapshots)
+	}
+}
+
+// stateTokenTopics signs a snapshot token for topics.
+func stateTokenTopics(t testing.TB, tenant string, topics ...string) string {
+	t.Helper()
+	c := Claims{Topics: topics, Tenant: tenant, Snapshot: true, RegisteredClaims: jwt.RegisteredClaims{
+		Subject: "test", ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))}}
+	s, err := jwt.NewWithClaims(jwt.SigningMethodHS256, c).SignedString(syncJWTSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestStateScopeNeverLeaks: rows and changes of other tenants, rows of the
+// empty-string tenant for unscoped clients, and tenant-unknown key-only
+// deletes (rows older than the journal, so no journaled change names their
+// tenant) reach no client out of scope — not in the rows, not in the
+// changes delivered between the rows and snapshot-end, not live. Over the
+// socket and GET /v1/snapshot.
+//
+// The changes part is made certain, not left to timing: the writes run in
+// a transaction that holds an exclusive lock on the table from before the
+// snapshot starts, so the snapshot records its source snapshot (the writes
+// in progress, hence invisible in it), then waits for the lock until they
+// commit, and must deliver them after its rows.
+func TestStateScopeNeverLeaks(t *testing.T) {
+	// Rows 1000..4999 predate the slot: never journaled, so deleting one
+	// journals a tenant-unknown delete.
+	env := newStateEnv(t, `INSERT INTO docs SELECT g, (ARRAY['a','b',NULL,''])[g % 4 + 1], 'old' FROM generate_series(1000, 4999) g`)
+	// Rows 100..199 are journaled: their tenants are known.
+	pgtest.MustExec(t, env.src, `INSERT INTO docs SELECT g, (ARRAY['a','b',NULL,''])[g % 4 + 1], 'new' FROM generate_series(100, 199) g`)
+	waitJournaled(t, env)
+	round := 0
+	writes := func(exec func(sql string)) {
+		round++
+		// Tenant-unknown deletes of every tenant's rows.
+		exec(fmt.Sprintf(`DELETE FROM docs WHERE id BETWEEN %d AND %d`, 1000+round*300, 1000+round*300+299))
+		// Known tenants, every one (the client's own too, so that the
+		// changes part has something to deliver): updates, deletes,
+		// inserts.
+		exec(fmt.Sprintf(`UPDATE docs SET val = 'r%d' WHERE id BETWEEN 100 AND 199`, round))
+		exec(fmt.Sprintf(`DELETE FROM docs WHERE id BETWEEN %d AND %d`, 100+round*4, 103+round*4))
+		exec(fmt.Sprintf(`INSERT INTO docs SELECT g, (ARRAY['a','b',NULL,''])[g %% 4 + 1], 'ins' FROM generate_series(%d, %d) g`, 10000+round*10, 10009+round*10))
+		exec(fmt.Sprintf(`INSERT INTO docs VALUES (%d, NULL, 'marker')`, 20000+round))
+	}
+	direct := func(sql string) { pgtest.MustExec(t, env.src, sql) }
+	for _, tenant := range []string{"a", "b", "", "A"} {
+		held := holdDocs(t, env)
+		ws := env.mustDial(stateTokenTopics(t, tenant, "public.docs"))
+		ws.send(map[string]any{"t": "sub", "topic": "public.docs", "snapshot": true})
+		held.waitBlocked()
+		writes(held.exec)
+		held.commit()
+		c := newStateClient(tenant)
+		var leaks []string
+		between := 0 // change frames between the rows and snapshot-end
+		var last int
+		for last == 0 || c.rows[fmt.Sprint(20000+last)] == "" {
+			_ = ws.c.SetReadDeadline(time.Now().Add(30 * time.Second))
+			_, b, err := ws.c.ReadMessage()
+			if err != nil {
+				t.Fatalf("tenant %q: read: %v", tenant, err)
+			}
+			f, err := c.apply(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f.T == "change" && c.inSnap {
+				between++
+			}
+			if msg := scopeLeak(tenant, b); msg != "" {
+				leaks = append(leaks, msg)
+			}
+			if f.T == "snapshot-end" {
+				writes(direct) // delivered live
+				last = round
+			}
+		}
+		ws.c.Close()
+		if len(leaks) > 0 {
+			t.Errorf("tenant %q: %d frames out of scope, first: %s", tenant, len(leaks), leaks[0])
+		}
+		if between == 0 {
+			t.Errorf("tenant %q: no change between the rows and snapshot-end; the writes did not land in the snapshot's changes part", tenant)
+		}
+		if len(c.errs) > 0 {
+			t.Errorf("tenant %q: %s", tenant, strings.Join(c.errs, "; "))
+		}
+		t.Logf("tenant %q: %d rows, %d changes (%d before snapshot-end)", tenant, len(c.rows), c.changes, between)
+	}
+
+	// GET /v1/snapshot: the same.
+	held := holdDocs(t, env)
+	type result struct {
+		resp *http.Response
+		err  error
+	}
+	got := make(chan result, 1)
+	go func() {
+		req, _ := http.NewRequest("GET", env.srv.URL+"/v1/snapshot?topic=public.docs", nil)
+		req.Header.Set("Authorization", "Bearer "+stateTokenTopics(t, "b", "public.docs"))
+		resp, err := http.DefaultClient.Do(req)
+		got <- result{resp, err}
+	}()
+	held.waitBlocked()
+	writes(held.exec)
+	held.commit()
+	r := <-got
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer r.resp.Body.Close()
+	dec := json.NewDecoder(r.resp.Body)
+	lines, between, inSnap := 0, 0, false
+	for dec.More() {
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			t.Fatal(err)
+		}
+		lines++
+		var f stateFrame
+		_ = json.Unmarshal(raw, &f)
+		switch f.T {
+		case "snapshot-begin":
+			inSnap = true
+		case "change":
+			if inSnap {
+				between++
+			}
+		case "snapshot-end":
+			inSnap = false
+		case "error":
+			t.Fatalf("HTTP snapshot: %s", raw)
+		}
+		if msg := scopeLeak("b", raw); msg != "" {
+			t.Errorf("HTTP snapshot of tenant b: %s", msg)
+		}
+	}
+	if between == 0 {
+		t.Errorf("HTTP snapshot: no change before snapshot-end (%d lines)", lines)
+	}
+}
+
+// heldDocs makes a snapshot's changes part certain to hold some writes: a
+// writer transaction holds an exclusive lock on public.docs, and a gate
+// transaction queues for the same lock behind it. A snapshot started then
+// records its source snapshot (the writer still in progress, so its writes
+// are invisible in it) and queues for the lock behind the gate. The writer
+// commits; the gate, granted the lock, keeps the snapshot waiting until the
+// writes are journaled, so the snapshot meets them in the journal right
+// after its rows, before its snapshot-end.
+type heldDocs struct {
+	t       *testing.T
+	env     *stateEnv
+	tx      pgx.Tx // the writer
+	gate    pgx.Tx
+	gated   chan error // the gate's LOCK returned
+	gatePID uint32
+}
+
+func holdDocs(t *testing.T, env *stateEnv) *heldDocs {
+	t.Helper()
+	ctx := context.Background()
+	begin := func() (*pgx.Conn, pgx.Tx) {
+		conn, err := pgx.Connect(ctx, env.src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close(context.Background()) })
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return conn, tx
+	}
+	_, w := begin()
+	gc, g := begin()
+	h := &heldDocs{t: t, env: env, tx: w, gate: g, gated: make(chan error, 1), gatePID: gc.PgConn().PID()}
+	h.exec(`LOCK TABLE docs IN ACCESS EXCLUSIVE MODE`)
+	go func() {
+		_, err := g.Exec(ctx, `LOCK TABLE docs IN ACCESS EXCLUSIVE MODE`)
+		h.gated <- err
+	}()
+	waitFor(t, "the gate queued for the table lock", func() bool {
+		var n int
+		err := env.srcQueryRow(t, fmt.Sprintf(`SELECT count(*) FROM pg_stat_activity WHERE pid = %d AND wait_event_type = 'Lock'`, h.gatePID), &n)
+		return err == nil && n == 1
+	})
+	return h
+}
+
+func (h *heldDocs) exec(sql string) {
+	h.t.Helper()
+	if _, err := h.tx.Exec(context.Background(), sql); err != nil {
+		h.t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// commit commits the writes, waits until they are journaled, then lets
+// the snapshot go on.
+func (h *heldDocs) commit() {
+	h.t.Helper()
+	ctx := context.Background()
+	if err := h.tx.Commit(ctx); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := <-h.gated; err != nil {
+		h.t.Fatalf("gate lock: %v", err)
+	}
+	waitJournaled(h.t, h.env)
+	if err := h.gate.Rollback(ctx); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// waitBlocked waits until a snapshot's source session waits for the lock.
+func (h *heldDocs) waitBlocked() {
+	h.t.Helper()
+	waitFor(h.t, "a snapshot waiting for the table lock", func() bool {
+		var n int
+		err := h.env.srcQueryRow(h.t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND application_name = 'walcast sync (snapshots)' AND wait_event_type = 'Lock'`, &n)
+		return err == nil && n > 0
+	})
+}
+
+func (env *stateEnv) srcQueryRow(t *testing.T, sql string, dst ...any) error {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, env.src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	return conn.QueryRow(ctx, sql).Scan(dst...)
+}
+
+// waitJournaled waits until the journal's watermark has passed the
+// source's current WAL position: every commit so far is journaled.
+func waitJournaled(t *testing.T, env *stateEnv) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, env.src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var text string
+	if err := conn.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&text); err != nil {
+		t.Fatal(err)
+	}
+	var at decoder.LSN
+	if err := at.UnmarshalText([]byte(text)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the journal to pass "+text, func() bool {
+		wm, err := env.j.Watermark(ctx)
+		return err == nil && wm >= at
+	})
+}
+
+// TestStateResyncResnapshots: the replication slot vanishes under the
+// running replicator (changes may be lost), which recreates it
+// (--recreate-lost-slot), journals a resync entry and starts a new journal
+// epoch. Every "snapshot":true client is answered with a fresh snapshot
+// (reason "resync"), not a bare resync, and its state equals the table
+// again, the writes the stream lost included.
+func TestStateResyncResnapshots(t *testing.T) {
+	env := newStateEnvWith(t, func(r *replication.Config, _ *Config) { r.RecreateLostSlot = true })
+	pgtest.MustExec(t, env.src, `INSERT INTO docs SELECT g, (ARRAY['a','b',NULL])[g % 3 + 1], 'seed' FROM generate_series(1, 600) g`)
+	var clients []*liveClient
+	for i, tn := range []string{"a", "b", "", "a", "b", ""} {
+		clients = append(clients, startLiveClient(t, env, i, tn, stateToken(t, tn, true)))
+	}
+	waitConverged(t, env, clients)
+	epochs := env.node.Stats().EpochChanges
+
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, env.src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	slot := stateSlot(t)
+	waitFor(t, "the slot dropped under the replicator", func() bool {
+		_, _ = conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid, 5000) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, slot)
+		_, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
+		return err == nil
+	})
+	// Written while the slot is gone (or being recreated): the stream may
+	// never carry them.
+	pgtest.MustExec(t, env.src, `UPDATE docs SET val = 'lost' WHERE id % 5 = 0`, `DELETE FROM docs WHERE id % 7 = 0`,
+		`INSERT INTO docs SELECT g, (ARRAY['a','b',NULL])[g % 3 + 1], 'lost' FROM generate_series(601, 650) g`)
+	for _, lc := range clients {
+		waitFor(t, fmt.Sprintf("client %d's fresh snapshot", lc.id), func() bool {
+			lc.mu.Lock()
+			defer lc.mu.Unlock()
+			return slices.Contains(lc.reasons, "resync")
+		})
+	}
+	if got := env.node.Stats().EpochChanges; got <= epochs {
+		t.Errorf("epoch changes %d → %d: the recreated slot's resync entry must start a new epoch", epochs, got)
+	}
+	pgtest.MustExec(t, env.src, `UPDATE docs SET val = 'after' WHERE id % 11 = 0`)
+	waitConverged(t, env, clients)
+	for _, lc := range clients {
+		lc.check(t)
+		lc.mu.Lock()
+		if lc.bareResyncs > 0 {
+			t.Errorf("client %d got %d bare resyncs, want a fresh snapshot instead", lc.id, lc.bareResyncs)
+		}
+		lc.mu.Unlock()
+	}
+}
