@@ -375,9 +375,11 @@ type composeBuild struct {
 	Dockerfile string `yaml:"dockerfile"`
 }
 
-func loadCompose(t *testing.T) composeFile {
+func loadCompose(t *testing.T) composeFile { return loadComposeFile(t, "compose.yaml") }
+
+func loadComposeFile(t *testing.T, path string) composeFile {
 	t.Helper()
-	b, err := os.ReadFile("compose.yaml")
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -385,15 +387,15 @@ func loadCompose(t *testing.T) composeFile {
 	// x-* extension fields hold YAML anchors only.
 	var raw map[string]any
 	if err := yaml.Unmarshal(b, &raw); err != nil {
-		t.Fatalf("compose.yaml: %v", err)
+		t.Fatalf("%s: %v", path, err)
 	}
 	for k := range raw {
 		if k != "services" && k != "volumes" && !strings.HasPrefix(k, "x-") {
-			t.Errorf("compose.yaml: unexpected top-level key %q", k)
+			t.Errorf("%s: unexpected top-level key %q", path, k)
 		}
 	}
 	if err := yaml.Unmarshal(b, &c); err != nil {
-		t.Fatalf("compose.yaml: %v", err)
+		t.Fatalf("%s: %v", path, err)
 	}
 	return c
 }
@@ -507,10 +509,12 @@ type k8sObject struct {
 	APIVersion string `yaml:"apiVersion"`
 	Kind       string `yaml:"kind"`
 	Metadata   struct {
-		Name   string            `yaml:"name"`
-		Labels map[string]string `yaml:"labels"`
+		Name      string            `yaml:"name"`
+		Namespace string            `yaml:"namespace"`
+		Labels    map[string]string `yaml:"labels"`
 	} `yaml:"metadata"`
 	Spec       yaml.Node         `yaml:"spec"`
+	Data       map[string]string `yaml:"data"`
 	StringData map[string]string `yaml:"stringData"`
 	Type       string            `yaml:"type"`
 }
@@ -587,11 +591,13 @@ type serviceSpec struct {
 	} `yaml:"ports"`
 }
 
-func loadK8s(t *testing.T) []k8sObject {
+func loadK8s(t *testing.T) []k8sObject { return loadK8sGlob(t, "kubernetes/*.yaml") }
+
+func loadK8sGlob(t *testing.T, glob string) []k8sObject {
 	t.Helper()
-	files, err := filepath.Glob("kubernetes/*.yaml")
+	files, err := filepath.Glob(glob)
 	if err != nil || len(files) == 0 {
-		t.Fatalf("no kubernetes/*.yaml: %v", err)
+		t.Fatalf("no %s: %v", glob, err)
 	}
 	var objs []k8sObject
 	for _, f := range files {

@@ -26,6 +26,14 @@ type NATSConfig struct {
 	KeyFile   string
 }
 
+// How often walcast's NATS connections ping their server, and how many
+// pings may go unanswered before the connection is given up for another
+// server: a hung server is left within about 30 to 40 s.
+const (
+	PingInterval        = 10 * time.Second
+	MaxPingsOutstanding = 3
+)
+
 // ConnectNATS connects with options suited to walcast: reconnect forever,
 // and no client-side buffering while disconnected, so a publish during an
 // outage fails at once and the publisher retries from the journal instead
@@ -41,6 +49,11 @@ func ConnectNATS(cfg NATSConfig, extra ...nats.Option) (*nats.Conn, error) {
 		nats.ReconnectJitter(250*time.Millisecond, time.Second),
 		nats.ReconnectBufSize(-1),
 		nats.Timeout(5 * time.Second),
+		// A hung or cut-off server keeps the TCP connection open: give it
+		// up after 3 unanswered pings 10 s apart (nats.go's default is 2
+		// minutes × 2) and fail over to another server of the cluster.
+		nats.PingInterval(PingInterval),
+		nats.MaxPingsOutstanding(MaxPingsOutstanding),
 	}
 	if cfg.User != "" || cfg.Password != "" {
 		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
