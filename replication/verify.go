@@ -92,6 +92,11 @@ type VerifyConfig struct {
 	// LagWarnBytes is the slot lag above which the slot check warns;
 	// default 1 GiB.
 	LagWarnBytes int64
+	// SyncRole, when set, is the role sync nodes read snapshots as
+	// (`walcast sync --database-url`, setup.sql -v sync_role=…); verify
+	// checks that it can log in and read every published table, and
+	// nothing more (verify_sync.go).
+	SyncRole string
 }
 
 func (c *VerifyConfig) setDefaults() {
@@ -219,6 +224,9 @@ func (v *verifier) run(ctx context.Context) error {
 		if v.cfg.TenantColumn != "" {
 			v.checkTenantColumn(ctx)
 		}
+	}
+	if v.cfg.SyncRole != "" {
+		v.checkSyncRole(ctx)
 	}
 	v.checkJournalSchema(ctx)
 	v.checkSlot(ctx)

@@ -21,7 +21,8 @@ func newVerifyCmd(env Env) *cobra.Command {
 		Long: `verify connects to the source database and checks what walcast needs:
 wal_level, free replication slots and WAL senders, the role's privileges, the
 publication and its tables' replica identity, the slot, max_slot_wal_keep_size
-and TLS. Each check is ok, warn or fail; every warn and fail comes with SQL or a
+and TLS; with --sync-role, that the sync nodes' role can read every published
+table and nothing more. Each check is ok, warn or fail; every warn and fail comes with SQL or a
 setting to fix it.
 
 Exit status: 0 when nothing fails (warnings allowed), 1 when a check fails,
@@ -66,6 +67,7 @@ Exit status: 0 when nothing fails (warnings allowed), 1 when a check fails,
 	f.StringVar(&cfg.JournalSchema, "journal-schema", "walcast", "schema of walcast's journal")
 	f.StringVar(&cfg.JournalURL, "journal-url", "", "the journal's database, when not the source's (as walcast run --journal-url)")
 	f.StringVar(&cfg.TenantColumn, "tenant-column", "", "column hoisted into the envelope's tenant, if any")
+	f.StringVar(&cfg.SyncRole, "sync-role", "", "also check the role sync nodes read snapshots as (walcast sync --database-url; setup.sql -v sync_role=): it can log in and SELECT every published table, and cannot write, replicate or manage roles")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	f.BoolVar(&verbose, "verbose", false, "list every table's passing checks instead of folding them")
 	return cmd

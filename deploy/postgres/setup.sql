@@ -29,8 +29,11 @@ SELECT format('CREATE SCHEMA IF NOT EXISTS walcast AUTHORIZATION %I', :'role') \
 SELECT format('CREATE PUBLICATION %I FOR TABLE %s', :'publication', :'tables')
 WHERE NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = :'publication') \gexec
 
--- SELECT on every published table.
+-- SELECT on every published table, and USAGE on their schemas (without it
+-- a table outside public cannot be read even with SELECT).
 SELECT format('GRANT SELECT ON %s TO %I', :'tables', :'role') \gexec
+SELECT DISTINCT format('GRANT USAGE ON SCHEMA %I TO %I', schemaname, :'role')
+FROM pg_publication_tables WHERE pubname = :'publication' \gexec
 
 -- The sync nodes' role (only with -v sync_role=…): it reads the published
 -- tables for snapshots and nothing else — no REPLICATION, no writes, its
@@ -41,4 +44,9 @@ WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :'sync_role') \gexec
 SELECT format('ALTER ROLE %I WITH LOGIN NOREPLICATION NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS', :'sync_role') \gexec
 SELECT format('ALTER ROLE %I SET default_transaction_read_only = on', :'sync_role') \gexec
 SELECT format('GRANT SELECT ON %s TO %I', :'tables', :'sync_role') \gexec
+SELECT DISTINCT format('GRANT USAGE ON SCHEMA %I TO %I', schemaname, :'sync_role')
+FROM pg_publication_tables WHERE pubname = :'publication' \gexec
 \endif
+
+-- Check the result, the sync role included:
+--   walcast verify --database-url … --publication walcast --sync-role walcast_sync
