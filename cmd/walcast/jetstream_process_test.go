@@ -17,7 +17,9 @@ import (
 )
 
 // TestJetStreamKill9 kills `walcast run --jetstream-stream` with SIGKILL in
-// 12 rounds under write load: the stream ends holding every journal entry
+// 20 rounds under write load, each at a random moment 50 to 350 ms after it
+// became active (it publishes a batch every few milliseconds then; the
+// preflight checks are skipped to keep rounds short): the stream ends holding every journal entry
 // exactly once, in seq order — by the stream's own order, not by the
 // duplicate window (the publisher chains every message on its
 // predecessor's id and reconciles with the stream's last message).
@@ -25,16 +27,17 @@ func TestJetStreamKill9(t *testing.T) {
 	url := pgtest.NewDatabase(t)
 	j := setupSource(t, url)
 	ns := natstest.Start(t)
-	args := runArgs(url, "--nats-url", ns.URL(), "--jetstream-stream", "WALCAST", "--jetstream-duplicate-window", "1m")
+	args := runArgs(url, "--nats-url", ns.URL(), "--jetstream-stream", "WALCAST", "--jetstream-duplicate-window", "1m", "--skip-preflight")
 	var w *writer
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 17))
-	for round := 0; round < 12; round++ {
+	const rounds = 20
+	for round := 0; round < rounds; round++ {
 		p := startWalcast(t, args...)
 		waitUntil(t, "active", 30*time.Second, func() bool { return strings.HasPrefix(p.readyz(), "active") })
 		if w == nil {
 			w = startWriter(t, url)
 		}
-		time.Sleep(time.Duration(100+rng.IntN(400)) * time.Millisecond)
+		time.Sleep(time.Duration(50+rng.IntN(300)) * time.Millisecond)
 		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
@@ -86,7 +89,7 @@ func TestJetStreamKill9(t *testing.T) {
 		t.Fatalf("exit %d after SIGTERM", code)
 	}
 	_ = j
-	t.Logf("%d entries stored exactly once in order across 12 kill -9 rounds", len(entries))
+	t.Logf("%d entries stored exactly once in order across %d kill -9 rounds", len(entries), rounds)
 }
 
 // TestJetStreamMismatchRefusedAtStart: walcast run refuses an existing
