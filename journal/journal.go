@@ -86,7 +86,8 @@ type Journal struct {
 	// fields. (The meta row lock serializes appends across processes.)
 	appendMu     sync.Mutex
 	cache        appendCache
-	oneShotBytes int // batches encoding larger are streamed (tests lower it)
+	keys         keyTenants // keycache.go
+	oneShotBytes int        // batches encoding larger are streamed (tests lower it)
 
 	lmu      sync.Mutex // guards the following fields
 	closed   bool
@@ -153,6 +154,7 @@ func Open(ctx context.Context, cfg Config) (*Journal, error) {
 		secrets:       secrets,
 		rejectForeign: cfg.RejectForeignJournal,
 		oneShotBytes:  defaultOneShotBytes,
+		keys:          keyTenants{max: keyCacheBytes},
 	}
 	sum := sha256.Sum256([]byte(cfg.Schema))
 	j.channel = "walcast_journal_" + hex.EncodeToString(sum[:12])

@@ -40,11 +40,13 @@ func priorKey(c *decoder.Change) []byte {
 // batch needs (priorKey), the tenant of the newest journaled change of that
 // key, in one query for the whole batch. It returns nil when the batch has
 // no such change (the common case without tenancy: one cheap pass over
-// in-memory changes). Only entities that carried tenants before the batch
-// (base) are looked up: only theirs have key_hash set. The map is entity →
+// in-memory changes). Keys this process journaled recently are answered
+// from cache (keyTenants); of the others, only those of entities that
+// carried tenants before the batch (base) are looked up: only theirs have
+// key_hash set. The map is entity →
 // key → resolution and also covers keys resolved later in the batch itself
 // (copySource updates it).
-func (j *Journal) lookupTenants(ctx context.Context, tx querier, txs []*decoder.Transaction, base map[string]entityState) (map[string]map[string]*tenantRes, error) {
+func (j *Journal) lookupTenants(ctx context.Context, tx querier, txs []*decoder.Transaction, base map[string]entityState, cache *keyTenants) (map[string]map[string]*tenantRes, error) {
 	var ents, keys []string
 	var hashes []int64
 	var res []*tenantRes // of the keys looked up, in order
@@ -70,6 +72,13 @@ func (j *Journal) lookupTenants(ctx context.Context, tx querier, txs []*decoder.
 			}
 			r := &tenantRes{}
 			km[string(k)] = r
+			if t, ok := cache.get(c.Entity, k); ok {
+				r.found = true
+				if t.has {
+					r.tenant = &t.tenant
+				}
+				continue
+			}
 			if base[c.Entity].tenanted {
 				ents = append(ents, c.Entity)
 				keys = append(keys, string(k))

@@ -64,8 +64,20 @@ func seen(t *testing.T, es []Entry) string {
 // and from no tenant, with the empty tenant distinct from none; readers
 // scoped to either tenant, unscoped and AllTenants see what docs/sync.md
 // says.
+//
+// Keys are looked up in the journal (cache off) or, having been journaled
+// by this process, in its cache; both must give the same journal.
 func TestTenantMove(t *testing.T) {
+	for _, cache := range []bool{true, false} {
+		t.Run(fmt.Sprintf("cache=%v", cache), func(t *testing.T) { testTenantMove(t, cache) })
+	}
+}
+
+func testTenantMove(t *testing.T, cache bool) {
 	j, gen, _ := newJournal(t)
+	if !cache {
+		j.keys.max = 0
+	}
 	const docs, full, nulls = "public.docs", "public.full", "public.nulls"
 	var end decoder.LSN = 1000
 	tx := func(cs ...chg) *decoder.Transaction {
@@ -183,5 +195,39 @@ update {"id":6} -`,
 		if got := seen(t, es); got != want[scope] {
 			t.Errorf("reader %q sees:\n%s\nwant:\n%s", scope, got, want[scope])
 		}
+	}
+}
+
+// TestTenantMoveAfterAnotherAppender: a process that appended again after
+// another one did forgets the keys it remembered, or it would take a row's
+// old tenant from before the other's changes.
+func TestTenantMoveAfterAnotherAppender(t *testing.T) {
+	j1, gen1, url := newJournal(t)
+	const docs = "public.docs"
+	a, b, c := strp("a"), strp("b"), strp("c")
+	mustAppend(t, j1, gen1, mkTx(1, 100, testEpoch, tins(docs, `{"id":1}`, a)))
+	j2 := openAt(t, url)
+	gen2, err := j2.Acquire(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := mustAppend(t, j2, gen2, mkTx(2, 200, testEpoch, upd(docs, `{"id":1}`, b))); res.Moved != 1 {
+		t.Fatalf("the second appender's move: %+v", res)
+	}
+	gen3, err := j1.Acquire(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := mustAppend(t, j1, gen3, mkTx(3, 300, testEpoch, upd(docs, `{"id":1}`, c))); res.Moved != 1 {
+		t.Fatalf("the first appender's move: %+v", res)
+	}
+	all, _ := readAll(t, j1, Query{AllTenants: true})
+	want := `insert {"id":1} "a"
+delete {"id":1} "a" moved="tenant"
+update {"id":1} "b"
+delete {"id":1} "b" moved="tenant"
+update {"id":1} "c"`
+	if got := seen(t, all); got != want {
+		t.Fatalf("journal:\n%s\nwant:\n%s", got, want)
 	}
 }

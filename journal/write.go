@@ -133,6 +133,7 @@ func (j *Journal) append(ctx context.Context, op string, gen int64, txs []*decod
 			return res, nil
 		}
 		j.cache.valid = false // the outcome may be ambiguous: reload next time
+		j.keys.reset()        // and it may hold keys of the batch that failed
 		if errors.Is(err, errStale) && optimistic {
 			optimistic = false
 			continue
@@ -170,6 +171,7 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 				ErrJournalRewound, nextSeq, decoder.LSN(wm), j.cache.highNext-1, decoder.LSN(j.cache.highWM))
 		}
 		if !j.cache.valid || j.cache.next != nextSeq || j.cache.entities == nil {
+			j.keys.reset() // another appender may have written since
 			if err := j.loadEntities(ctx, conn); err != nil {
 				return res, err
 			}
@@ -194,11 +196,11 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 	}
 	res.Transactions = len(kept)
 
-	resolve, err := j.lookupTenants(ctx, conn, kept, j.cache.entities)
+	resolve, err := j.lookupTenants(ctx, conn, kept, j.cache.entities, &j.keys)
 	if err != nil {
 		return res, err
 	}
-	src := &copySource{txs: kept, next: nextSeq, base: j.cache.entities, dirty: map[string]entityState{}, resolve: resolve, buf: j.cache.buf[:0]}
+	src := &copySource{txs: kept, next: nextSeq, base: j.cache.entities, dirty: map[string]entityState{}, resolve: resolve, keys: &j.keys, buf: j.cache.buf[:0]}
 	reuse := false
 	defer func() {
 		// Reuse the encoding buffer only after a successful append: after a
@@ -380,6 +382,9 @@ type copySource struct {
 	base    map[string]entityState           // before the batch (read only)
 	dirty   map[string]entityState           // changed in the batch
 	resolve map[string]map[string]*tenantRes // nil when no change needs resolving
+	// keys learns the tenant of every key written for a tenanted entity;
+	// a failed append resets it (append). Nil in tests of the encoding.
+	keys *keyTenants
 
 	buf       []byte // encoded, not yet read
 	off       int
@@ -573,13 +578,13 @@ func (s *copySource) encode(c *decoder.Change) error {
 	if c.Op == decoder.OpResync {
 		s.resyncSeq = seq
 	}
-	if !unknown && c.Key != nil {
+	if !unknown && c.Key != nil && st.tenanted {
+		var v *string
 		if hasTenant {
-			v := string(tenant)
-			s.learn(c.Entity, c.Key, &v)
-		} else {
-			s.learn(c.Entity, c.Key, nil)
+			x := string(tenant)
+			v = &x
 		}
+		s.learn(c.Entity, c.Key, v)
 	}
 
 	e := append(s.env[:0], seqPrefix...)
@@ -598,9 +603,17 @@ func (s *copySource) encode(c *decoder.Change) error {
 	return nil
 }
 
-// learn records, for a key the batch looks up, the tenant of its newest
-// change so far (nil: no tenant).
+// learn records the tenant (nil: none) of the newest change of a key of a
+// tenanted entity so far: for the batch's later changes that look it up,
+// and for later appends (keys).
 func (s *copySource) learn(entity string, key []byte, tenant *string) {
+	if s.keys != nil {
+		t := keyTenant{has: tenant != nil}
+		if tenant != nil {
+			t.tenant = *tenant
+		}
+		s.keys.put(entity, key, t)
+	}
 	if s.resolve == nil {
 		return
 	}
