@@ -153,6 +153,11 @@ func (r *Replicator) RegisterMetrics(meter metric.Meter) error {
 	if err != nil {
 		return err
 	}
+	moves, err := meter.Int64ObservableCounter("walcast.journal.tenant_moves",
+		metric.WithDescription("updates that moved a row to another tenant, each journaled after a delete of the row in its old tenant (marked moved; counted in walcast.journal.changes)"))
+	if err != nil {
+		return err
+	}
 	batches, err := meter.Int64ObservableCounter("walcast.journal.batches",
 		metric.WithDescription("group-committed journal appends"))
 	if err != nil {
@@ -214,6 +219,7 @@ func (r *Replicator) RegisterMetrics(meter metric.Meter) error {
 		o.ObserveInt64(txs, int64(st.Transactions.Load()))
 		o.ObserveInt64(changes, int64(st.Changes.Load()))
 		o.ObserveInt64(batches, int64(st.Batches.Load()))
+		o.ObserveInt64(moves, int64(st.TenantMoves.Load()))
 		o.ObserveInt64(reconnects, int64(st.Reconnects.Load()))
 		observeByEntity(o, decoded, r.decoded)
 		observeByEntity(o, journaled, r.journaled)
@@ -224,7 +230,7 @@ func (r *Replicator) RegisterMetrics(meter metric.Meter) error {
 		o.ObserveInt64(snapRereads, r.snapRereads.Load())
 		o.ObserveInt64(snapRunning, r.snapRunning.Load())
 		return nil
-	}, role, lag, delay, gen, txs, changes, batches, reconnects, decoded, journaled, quarantined, snapChunks, snapRereads, snapRunning)
+	}, role, lag, delay, gen, txs, changes, moves, batches, reconnects, decoded, journaled, quarantined, snapChunks, snapRereads, snapRunning)
 	return err
 }
 

@@ -197,7 +197,7 @@ type Replicator struct {
 
 	watermark   atomic.Uint64 // journaled position, shared by loop and writer
 	serverEnd   atomic.Uint64
-	cov         coverage // covered.go
+	cov         coverage     // covered.go
 	delay       atomic.Int64 // ns from the newest commit of the last batch to its journal commit
 	stats       Stats
 	inst        *instruments // nil until RegisterMetrics
@@ -225,6 +225,7 @@ type Stats struct {
 	Changes      atomic.Uint64 // entries journaled
 	Batches      atomic.Uint64 // journal appends
 	Reconnects   atomic.Uint64 // sessions ended by an error and retried
+	TenantMoves  atomic.Uint64 // updates that moved a row to another tenant (journaled after a delete in the old one)
 }
 
 // New validates cfg and returns a Replicator writing to j.

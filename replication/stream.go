@@ -426,6 +426,7 @@ func (r *Replicator) appendIsolated(ctx context.Context, gen int64, batch []queu
 		total.Transactions += res.Transactions
 		total.Skipped += res.Skipped
 		total.Entries += res.Entries
+		total.Moved += res.Moved
 		total.Watermark = max(total.Watermark, res.Watermark)
 	}
 	return total, nil
@@ -470,6 +471,7 @@ func (r *Replicator) appendBatch(ctx context.Context, gen int64, batch []queueIt
 	r.stats.Batches.Add(1)
 	r.stats.Transactions.Add(uint64(res.Transactions))
 	r.stats.Changes.Add(uint64(res.Entries))
+	r.stats.TenantMoves.Add(uint64(res.Moved))
 	if adv > res.Watermark {
 		return r.j.Advance(ctx, gen, adv)
 	}
