@@ -71,10 +71,17 @@ const (
 	DefaultSnapshotTimeout        = 10 * time.Minute
 	DefaultSnapshotPageRows       = 500
 	// snapshotLookback is how many journal entries before H0 the filtered
-	// read starts, so a transaction journaled just before H0 but not yet
-	// visible to the source snapshot (a commit record is written before the
-	// transaction leaves the proc array) is delivered, not lost.
-	snapshotLookback = 1000
+	// read starts at least when the source snapshot has transactions in
+	// progress, so a transaction journaled just before H0 but not yet
+	// visible to the snapshot (a commit record is written, and can be
+	// decoded and journaled, before the transaction leaves the proc array)
+	// is delivered, not lost. snapshotXidLookback is how far before H0 the
+	// journal is searched for the first entry of any of those transactions
+	// (one index range scan, no envelopes), which moves the start earlier
+	// when needed — a commit held back longer, e.g. waiting for a
+	// synchronous standby.
+	snapshotLookback    = 1000
+	snapshotXidLookback = 100000
 )
 
 func (c *StateConfig) setDefaults() {
@@ -540,7 +547,10 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 	src *pgx.Conn, slot string, sink stateSink) (int64, error) {
 	j := n.j
 	tq, _ := json.Marshal(q.Entities[0])
-	pos := max(0, h0-snapshotLookback)
+	pos, err := catchUpStart(ctx, j, h0, snap)
+	if err != nil {
+		return 0, err
+	}
 	passed := false // an entry committed after walAt was read: every later one is invisible in snap
 	asked := time.Now() // a busy source covers walAt by itself within a second
 	for {
@@ -630,6 +640,32 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 			return 0, ctx.Err()
 		}
 	}
+}
+
+// catchUpStart is the journal position a snapshot's catch-up reads after:
+// every entry at or before it belongs to a transaction visible in snap. An
+// entry journaled by H0 (read before snap was taken) committed before snap;
+// it is invisible only if its transaction was still in snap's xip list. So
+// with no transaction in progress the start is H0 itself; otherwise it is
+// snapshotLookback before H0, or before the first entry of an xip
+// transaction within snapshotXidLookback, whichever is earlier.
+func catchUpStart(ctx context.Context, j *journal.Journal, h0 int64, snap pgSnapshot) (int64, error) {
+	if len(snap.xip) == 0 {
+		return h0, nil
+	}
+	pos := max(0, h0-snapshotLookback)
+	xids := make([]uint32, 0, len(snap.xip))
+	for x := range snap.xip {
+		xids = append(xids, uint32(x)) // envelopes carry the low 32 bits
+	}
+	first, ok, err := j.FirstSeqOfXids(ctx, max(0, h0-snapshotXidLookback), h0, xids)
+	if err != nil {
+		return 0, fmt.Errorf("journal read: %w", err)
+	}
+	if ok {
+		pos = min(pos, first-1)
+	}
+	return pos, nil
 }
 
 // snapshotEndPayload is {"t":"snapshot-end",…} with the cursor the changes
