@@ -50,6 +50,9 @@
 // an identity holding the tenant column), else that of the newest journaled
 // change of the old key (the key before a key change), found as a delete's
 // is, in the same one query per batch, for entities that carry tenants
-// only. Where no retained change names it, the update is journaled alone
-// (the old tenant's readers keep the row until they next snapshot).
+// only — unless the appender remembers the key: it keeps the tenants of
+// keys it journaled recently (keyTenants), as long as no other appender
+// may have written. Where no retained change names it, the update is
+// journaled alone (the old tenant's readers keep the row until they next
+// snapshot).
 package journal
