@@ -43,7 +43,7 @@ func newStateEnv(t *testing.T, setup ...string) *stateEnv {
 
 // newStateEnvWith is newStateEnv with mod adjusting the replicator's and
 // the node's configuration before they start.
-func newStateEnvWith(t *testing.T, mod func(*replication.Config, *Config), setup ...string) *stateEnv {
+func newStateEnvWith(t testing.TB, mod func(*replication.Config, *Config), setup ...string) *stateEnv {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	url := pgtest.NewDatabase(t)
@@ -125,7 +125,7 @@ func newStateEnvWith(t *testing.T, mod func(*replication.Config, *Config), setup
 	return &stateEnv{syncEnv: se, src: url}
 }
 
-type testLog struct{ t *testing.T }
+type testLog struct{ t testing.TB }
 
 func (w testLog) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
@@ -133,7 +133,7 @@ func (w testLog) Write(p []byte) (int, error) {
 }
 
 // stateSlot is a slot name of the test's own (slots are per cluster).
-func stateSlot(t *testing.T) string {
+func stateSlot(t testing.TB) string {
 	return "w" + strings.ToLower(strings.NewReplacer("/", "_", "-", "_").Replace(t.Name()))
 }
 
