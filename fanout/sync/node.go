@@ -594,10 +594,11 @@ type syncTopic struct {
 
 	mu            sync.Mutex // guards the following fields
 	members       map[*member]struct{}
-	baselined     bool  // lastEntitySeq is known
-	lastEntitySeq int64 // newest entitySeq received (or journaled at creation)
-	lastSeen      int64 // newest seq received for the entity
-	gone          bool  // unsubscribed; a joiner must create a new topic
+	baselined     bool      // lastEntitySeq is known
+	lastEntitySeq int64     // newest entitySeq received (or journaled at creation)
+	lastSeen      int64     // newest seq received for the entity
+	gone          bool      // unsubscribed; a joiner must create a new topic
+	burst         liveBurst // sockets whose writers wait for the end of a burst (socket.go)
 }
 
 // memberState is where a member stands.
@@ -725,6 +726,7 @@ func (n *Node) leave(m *member) {
 	n.mu.Unlock()
 	if empty {
 		_ = t.sub.Unsubscribe()
+		t.endBurst(nil) // its pending messages will not be handled
 	}
 }
 
@@ -732,6 +734,7 @@ func (n *Node) leave(m *member) {
 // calls it sequentially per subscription, in publish (seq) order.
 func (t *syncTopic) onMsg(msg *nats.Msg) {
 	n := t.n
+	defer t.endBurst(msg.Sub)
 	n.stats.liveReceived.Add(1)
 	defer n.stats.liveHandled.Add(1)
 	seq, err1 := strconv.ParseInt(msg.Header.Get(bus.HeaderSeq), 10, 64)
@@ -861,7 +864,7 @@ func visible(scope, tenant string, unknown bool) bool {
 // desyncs the member: it receives nothing more until the client resubscribes
 // after the replay-gap its socket sends once drained. t.mu is held.
 func (m *member) deliverLocked(f *frame, seq int64) {
-	if m.s.enqueue(f, m) {
+	if m.s.enqueueIn(f, m, &m.t.burst) {
 		m.pos, m.quiet = seq, false
 		return
 	}

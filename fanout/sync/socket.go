@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/nats-io/nats.go"
 
 	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/fanout/bus"
@@ -135,8 +136,12 @@ type socket struct {
 	writingAt int64
 	gapsAt    int64
 	// broken: a write failed part way, so no close frame can follow.
-	broken      bool
-	writing     bool
+	broken  bool
+	writing bool
+	// held: live frames are queued and the writer's start waits for the
+	// end of the NATS burst they came in (liveBurst); the socket is in
+	// that burst's list.
+	held        bool
 	room        chan struct{} // closed by the writer when it frees bytes; nil when nobody waits
 	gaps        []socketGap
 	drops       DropWindow
@@ -624,14 +629,21 @@ func (s *socket) isClosing() bool {
 	return s.closing
 }
 
-// enqueue queues f. With m nil, f is a control frame (subscribed, resync,
+// enqueue queues f and starts the writer; see enqueueIn.
+func (s *socket) enqueue(f *frame, m *member) bool { return s.enqueueIn(f, m, nil) }
+
+// enqueueIn queues f. With m nil, f is a control frame (subscribed, resync,
 // error, pong, …): it may use ControlReserveBytes beyond MaxBufferedBytes
 // and is never dropped; when even the reserve is full the client cannot
 // keep up and the socket is closed with 1013 backpressure. With m set, f is
 // a live frame of m's topic: one that does not fit in MaxBufferedBytes is
 // dropped, counted, m's topic is owed a replay-gap and the drop window may
 // close the socket. It reports whether f was queued. Callers may hold t.mu.
-func (s *socket) enqueue(f *frame, m *member) bool {
+//
+// With burst set (a live frame, t.mu held), a socket whose writer is not
+// running does not start it: the socket joins the burst, whose end starts
+// it, so the frames of a burst of NATS messages go out in one write.
+func (s *socket) enqueueIn(f *frame, m *member, burst *liveBurst) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closing || s.conn == nil {
@@ -662,8 +674,89 @@ func (s *socket) enqueue(f *frame, m *member) bool {
 		}
 		return false
 	}
+	if burst != nil && !s.writing {
+		s.appendLocked(f)
+		if !s.held {
+			s.held = true
+			burst.hold(s)
+		}
+		return true
+	}
 	s.pushLocked(f)
 	return true
+}
+
+// liveBurst gathers, for one topic's NATS subscription, the sockets that
+// live frames were queued on while more messages of the subscription were
+// waiting to be handled: their writers start once the subscription has no
+// message pending, or after maxBurstMessages messages or maxBurstDelay,
+// whichever comes first. A socket then writes a burst's frames with one
+// writev instead of one write (and one wake-up of its client) per frame,
+// which under load is most of a node's CPU; a frame waits at most
+// maxBurstDelay plus the handling of one message for it. Guarded by the
+// topic's mu.
+type liveBurst struct {
+	sockets []*socket
+	msgs    int       // messages handled since the first socket was held
+	since   time.Time // when the first socket was held
+}
+
+// Bounds of a liveBurst.
+const (
+	maxBurstMessages = 64
+	maxBurstDelay    = time.Millisecond
+)
+
+func (b *liveBurst) hold(s *socket) {
+	if len(b.sockets) == 0 {
+		b.since = time.Now()
+		b.msgs = 0
+	}
+	b.sockets = append(b.sockets, s)
+}
+
+// endLocked is called by the handler of each message of the subscription
+// sub, at its end: it returns the sockets whose writers must start now,
+// and forgets them. t.mu is held.
+func (b *liveBurst) endLocked(sub *nats.Subscription, gone bool) []*socket {
+	if len(b.sockets) == 0 {
+		return nil
+	}
+	b.msgs++
+	if !gone && sub != nil && b.msgs < maxBurstMessages && time.Since(b.since) < maxBurstDelay {
+		// nats.go counts the message being handled as pending until its
+		// handler returns: more than one means another is waiting. (Were
+		// it not counted, the last message of a burst would only release
+		// the writers one message early: never a frame left waiting.)
+		if n, _, err := sub.Pending(); err == nil && n > 1 {
+			return nil
+		}
+	}
+	ss := b.sockets
+	b.sockets = nil
+	return ss
+}
+
+// release starts the writer of a socket held by a liveBurst.
+func (s *socket) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held = false
+	if s.head < len(s.queue) && !s.closing && s.conn != nil {
+		s.startWriterLocked()
+	}
+}
+
+// endBurst ends t's burst when it is due (liveBurst); onMsg defers it, and
+// leave calls it for a topic that is gone (its pending messages are never
+// handled).
+func (t *syncTopic) endBurst(sub *nats.Subscription) {
+	t.mu.Lock()
+	ss := t.burst.endLocked(sub, t.gone)
+	t.mu.Unlock()
+	for _, s := range ss {
+		s.release()
+	}
 }
 
 // ControlReserveBytes is the room each socket keeps for control frames
@@ -680,9 +773,14 @@ type queuedFrame struct {
 
 // pushLocked appends f to the queue and starts the writer. s.mu is held.
 func (s *socket) pushLocked(f *frame) {
+	s.appendLocked(f)
+	s.startWriterLocked()
+}
+
+// appendLocked appends f to the queue. s.mu is held.
+func (s *socket) appendLocked(f *frame) {
 	s.queue = append(s.queue, queuedFrame{f, s.n.cfg.Clock.Now().UnixNano()})
 	s.queued += f.size
-	s.startWriterLocked()
 }
 
 // lagLocked is how long the oldest thing the socket owes its client has
