@@ -477,9 +477,9 @@ const clockTicks = 100
 // (cutime+cstime), so backends that come and go are all counted.
 func (pl *pipeline) cpuTicks() map[string]int64 {
 	m := map[string]int64{
-		"run":     procTicks(pl.run.cmd.Process.Pid, false),
-		"sync":    procTicks(pl.sync.cmd.Process.Pid, false),
-		"bench":   procTicks(os.Getpid(), false),
+		"run":   procTicks(pl.run.cmd.Process.Pid, false),
+		"sync":  procTicks(pl.sync.cmd.Process.Pid, false),
+		"bench": procTicks(os.Getpid(), false),
 	}
 	pg := procTicks(pl.postgres, true)
 	ents, _ := os.ReadDir("/proc")
