@@ -61,7 +61,7 @@ func TestReadIsInsertShaped(t *testing.T) {
 	it.Next()
 	it.Next()
 	rd := it.Change()
-	if rd.Op != OpRead || string(rd.Key) != string(ins.Key) || rd.Tenant != "acme" || rd.TenantState != TenantKnown {
+	if rd.Op != OpRead || string(rd.Key) != string(ins.Key) || rd.Tenant != "acme" || rd.TenantState != TenantKnown || !rd.Tenanted || !ins.Tenanted {
 		t.Fatalf("read change fields %+v, insert %+v", rd, ins)
 	}
 	wantEnd := `,"entity":"public.t","op":"snapshot-end","snapshot":{"id":3,"table":"public.t","rows":1}}`

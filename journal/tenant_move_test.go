@@ -91,6 +91,10 @@ func testTenantMove(t *testing.T, cache bool) {
 	mustAppend(t, j, gen, tx(tins(nulls, `{"id":5}`, nil)))
 	mustAppend(t, j, gen,
 		tx(tins(docs, `{"id":1}`, a), tins(docs, `{"id":2}`, a), tins(docs, `{"id":4}`, a), tins(docs, `{"id":6}`, strp(""))))
+	// A row a snapshot backfill read (walcast snapshot start) is known too.
+	read := tins(docs, `{"id":10}`, a)
+	read.op = decoder.OpRead
+	mustAppend(t, j, gen, tx(read))
 	moves := []struct {
 		name  string
 		txs   []*decoder.Transaction
@@ -104,6 +108,7 @@ func testTenantMove(t *testing.T, cache bool) {
 		{"from none", []*decoder.Transaction{tx(upd(nulls, `{"id":5}`, a))}, 1},
 		{"empty to none", []*decoder.Transaction{tx(upd(docs, `{"id":6}`, nil))}, 1},
 		{"old tenant unknown", []*decoder.Transaction{tx(upd(docs, `{"id":7}`, b))}, 0},
+		{"backfilled", []*decoder.Transaction{tx(upd(docs, `{"id":10}`, b))}, 1},
 		{"FULL", []*decoder.Transaction{tx(chg{entity: full, op: decoder.OpUpdate, key: `{"id":8,"t":"b"}`, oldKey: `{"id":8,"t":"a"}`,
 			tenant: "b", state: decoder.TenantKnown, oldTenant: "a", oldState: decoder.TenantKnown, tenanted: true})}, 1},
 		{"without the old row's state", []*decoder.Transaction{tx(chg{entity: "public.legacy", op: decoder.OpUpdate, key: `{"id":9}`,
@@ -133,6 +138,7 @@ insert {"id":1} "a"
 insert {"id":2} "a"
 insert {"id":4} "a"
 insert {"id":6} ""
+read {"id":10} "a"
 delete {"id":1} "a" moved="tenant"
 update {"id":1} "b"
 update {"id":1} "b"
@@ -150,6 +156,8 @@ update {"id":5} "a"
 delete {"id":6} "" moved="tenant"
 update {"id":6} -
 update {"id":7} "b"
+delete {"id":10} "a" moved="tenant"
+update {"id":10} "b"
 delete {"id":8,"t":"a"} "a" moved="tenant"
 update {"id":8,"t":"b"} "b"
 update {"id":9} "b"
@@ -158,6 +166,7 @@ delete {"id":20} "b"`,
 insert {"id":1} "a"
 insert {"id":2} "a"
 insert {"id":4} "a"
+read {"id":10} "a"
 delete {"id":1} "a" moved="tenant"
 delete {"id":2} "a" moved="tenant"
 insert {"id":3} "a"
@@ -168,6 +177,7 @@ update {"id":4} -
 delete {"id":5} - moved="tenant"
 update {"id":5} "a"
 update {"id":6} -
+delete {"id":10} "a" moved="tenant"
 delete {"id":8,"t":"a"} "a" moved="tenant"`,
 		"b": `insert {"id":5} -
 update {"id":1} "b"
@@ -179,6 +189,7 @@ update {"id":4} -
 delete {"id":5} - moved="tenant"
 update {"id":6} -
 update {"id":7} "b"
+update {"id":10} "b"
 update {"id":8,"t":"b"} "b"
 update {"id":9} "b"
 delete {"id":20} "b"`,
