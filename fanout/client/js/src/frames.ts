@@ -37,6 +37,12 @@ export interface Envelope {
   truncate?: { cascade: boolean; restartIdentity: boolean };
   tenant?: string;
   tenantUnknown?: boolean;
+  /**
+   * "tenant" on the delete the journal adds when an update moves a row to
+   * another tenant: the row leaves this client's tenant (the update follows
+   * in the new one). A consumer of every tenant should skip it.
+   */
+  moved?: 'tenant';
   oversize?: boolean;
   [field: string]: unknown;
 }
