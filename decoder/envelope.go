@@ -235,7 +235,10 @@ type Envelope struct {
 	Transactional *bool           `json:"transactional,omitempty"`
 	Tenant        string          `json:"tenant,omitempty"`
 	TenantUnknown bool            `json:"tenantUnknown,omitempty"`
-	Oversize      bool            `json:"oversize,omitempty"`
+	// Moved is "tenant" on the delete the journal writes before an update
+	// that moved its row to another tenant (see journal's package doc).
+	Moved    string `json:"moved,omitempty"`
+	Oversize bool   `json:"oversize,omitempty"`
 	// Quarantine describes a change walcast could not carry as-is (op
 	// "quarantine"); see Quarantine.
 	Quarantine *Quarantine `json:"quarantine,omitempty"`
