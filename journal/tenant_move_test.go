@@ -67,16 +67,21 @@ func seen(t *testing.T, es []Entry) string {
 //
 // Keys are looked up in the journal (cache off) or, having been journaled
 // by this process, in its cache; both must give the same journal.
+// The streamed append path (a batch past the one-round-trip budget) must
+// write the same.
 func TestTenantMove(t *testing.T) {
-	for _, cache := range []bool{true, false} {
-		t.Run(fmt.Sprintf("cache=%v", cache), func(t *testing.T) { testTenantMove(t, cache) })
+	for _, c := range []struct{ cache, streamed bool }{{true, false}, {false, false}, {false, true}} {
+		t.Run(fmt.Sprintf("cache=%v,streamed=%v", c.cache, c.streamed), func(t *testing.T) { testTenantMove(t, c.cache, c.streamed) })
 	}
 }
 
-func testTenantMove(t *testing.T, cache bool) {
+func testTenantMove(t *testing.T, cache, streamed bool) {
 	j, gen, _ := newJournal(t)
 	if !cache {
 		j.keys.max = 0
+	}
+	if streamed {
+		j.oneShotBytes = 1
 	}
 	const docs, full, nulls = "public.docs", "public.full", "public.nulls"
 	var end decoder.LSN = 1000
