@@ -424,8 +424,18 @@ func (n *Node) readState(ctx context.Context, q journal.Query, reason string, si
 		return res, fmt.Errorf("source database: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	// The first statement fixes the transaction's snapshot: S is the
-	// snapshot every row below is read in.
+	// The table is locked (ACCESS SHARE, what the SELECT takes anyway)
+	// before the snapshot is fixed, LOCK being a statement that takes
+	// none: TRUNCATE is not MVCC-safe, so one committing between S and
+	// the read would leave the rows empty though S predates it (the
+	// changes then no longer rebuild the table as of the snapshot-end).
+	// Held from before S, the lock makes such a TRUNCATE wait for the
+	// rows, or S wait for it.
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{schema, table}.Sanitize()+" IN ACCESS SHARE MODE"); err != nil {
+		return res, st.classify(decoder.EntityName(schema, table), err)
+	}
+	// The first statement that takes a snapshot fixes the transaction's:
+	// S is the snapshot every row below is read in.
 	var snapText, lsnText string
 	var at time.Time
 	if err := tx.QueryRow(ctx, "SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text, now()").Scan(&snapText, &lsnText, &at); err != nil {
@@ -531,6 +541,8 @@ func (st *stateSource) classify(entity string, err error) error {
 		switch pgErr.Code {
 		case "42501":
 			return refused("the sync node's source role may not read %s (%s); fix for the operator: GRANT SELECT ON %s TO the role of --database-url", entity, pgErr.Message, entity)
+		case "42P01", "3F000":
+			return refused("table %s does not exist in the source database", entity)
 		case "57014":
 			return refused("the snapshot of %s took longer than the node's --snapshot-timeout", entity)
 		}
