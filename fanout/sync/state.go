@@ -23,9 +23,11 @@ import (
 // for correctness). The steps, per snapshot:
 //
 //  1. H0: the journal horizon, taken before anything else.
-//  2. In one REPEATABLE READ READ ONLY transaction on the source: S =
-//     pg_current_snapshot() and L = pg_current_wal_insert_lsn() (the first
-//     statement, which fixes the transaction's snapshot), the table's
+//  2. In one REPEATABLE READ READ ONLY transaction on the source: a
+//     LOCK of the table in ACCESS SHARE mode (before any snapshot: a
+//     TRUNCATE, not MVCC-safe, cannot then commit between S and the read),
+//     S = pg_current_snapshot() and L = pg_current_wal_insert_lsn() (the
+//     first statement to fix the transaction's snapshot), the table's
 //     columns from the catalogs, then its rows, scoped to the socket's
 //     tenant, fetched in pages from a cursor and queued on the socket at
 //     its pace.
