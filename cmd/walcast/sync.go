@@ -118,6 +118,8 @@ Exit status: 0 after a clean stop (SIGINT/SIGTERM), 1 when the node fails,
 	f.StringVar(&sf.cfg.State.TenantColumn, "tenant-column", "", "with --database-url: walcast run's --tenant-column, scoping snapshot rows as changes are")
 	f.IntVar(&sf.cfg.State.MaxConcurrent, "max-concurrent-snapshots", syncnode.DefaultMaxConcurrentSnapshots, "snapshots read at once on this node (one source connection each); more wait")
 	f.DurationVar(&sf.cfg.State.Timeout, "snapshot-timeout", syncnode.DefaultSnapshotTimeout, "limit of one snapshot, BEGIN to snapshot-end, and of each of its statements (its REPEATABLE READ transaction holds back vacuum on the source)")
+	f.Float64Var(&sf.cfg.State.Rate, "snapshot-rate", 2, "snapshots per second a client may ask for, per client address and per token subject, before error rate-limited (0: unlimited)")
+	f.IntVar(&sf.cfg.State.Burst, "snapshot-burst", 20, "burst of snapshots above --snapshot-rate")
 	sf.logs.register(cmd)
 	return cmd
 }

@@ -110,10 +110,11 @@ func (b *bucket) full(now time.Time, rate float64, burst int) bool {
 
 // budget is what one client key has in use.
 type budget struct {
-	conns   int // open sockets (and handshakes holding a slot)
-	reads   int // /v1/changes reads in flight
-	accept  bucket
-	changes bucket
+	conns     int // open sockets (and handshakes holding a slot)
+	reads     int // /v1/changes reads in flight
+	accept    bucket
+	changes   bucket
+	snapshots bucket
 }
 
 // clientLimits keeps the per-address and per-subject budgets (Config:
@@ -134,6 +135,9 @@ func (l *clientLimits) init(cfg *Config) {
 	}
 	if cfg.ChangesRate > 0 && cfg.ChangesBurst <= 0 {
 		cfg.ChangesBurst = max(1, int(cfg.ChangesRate))
+	}
+	if cfg.State.Rate > 0 && cfg.State.Burst <= 0 {
+		cfg.State.Burst = max(1, int(cfg.State.Rate))
 	}
 }
 
@@ -251,6 +255,30 @@ func (l *clientLimits) beginRead(keys ...string) (func(), time.Duration) {
 	}, 0
 }
 
+// takeSnapshot takes a snapshot token of every key (the client's address
+// and its token's subject; State.Rate and State.Burst). Refused, it
+// returns the wait before one will be there (a key refused has spent
+// nothing; the ones before it have), else 0.
+func (l *clientLimits) takeSnapshot(keys ...string) time.Duration {
+	c := l.cfg
+	if c.State.Rate <= 0 {
+		return 0
+	}
+	now := c.Clock.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, k := range keys {
+		b := l.getLocked(k)
+		if b == nil {
+			return 5 * time.Second
+		}
+		if ok, wait := b.snapshots.take(now, c.State.Rate, c.State.Burst); !ok {
+			return max(wait, time.Millisecond)
+		}
+	}
+	return 0
+}
+
 // prune forgets the budgets at rest at now.
 func (l *clientLimits) prune(now time.Time) {
 	c := l.cfg
@@ -258,7 +286,7 @@ func (l *clientLimits) prune(now time.Time) {
 	defer l.mu.Unlock()
 	for k, b := range l.keys {
 		if b.conns == 0 && b.reads == 0 && b.accept.full(now, c.AcceptRatePerIP, c.AcceptBurstPerIP) &&
-			b.changes.full(now, c.ChangesRate, c.ChangesBurst) {
+			b.changes.full(now, c.ChangesRate, c.ChangesBurst) && b.snapshots.full(now, c.State.Rate, c.State.Burst) {
 			delete(l.keys, k)
 		}
 	}

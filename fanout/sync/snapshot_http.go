@@ -50,6 +50,13 @@ func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer done()
+	if wait := n.limits.takeSnapshot(n.clientKey(r), subjectKey(claims)); wait > 0 {
+		n.stats.inc(&n.stats.rejected, "snapshot-rate")
+		n.snapshotEnded("refused", time.Time{})
+		w.Header().Set("Retry-After", retryAfter(wait))
+		writeJSONError(w, http.StatusTooManyRequests, "rate-limited", "too many snapshots from this client; retry after "+retryAfter(wait)+" s")
+		return
+	}
 	st := n.state
 	ctx := r.Context()
 	n.stats.snapshotsQueued.Add(1)

@@ -109,6 +109,7 @@ type socket struct {
 	n      *Node
 	conn   *websocket.Conn
 	claims *Claims
+	limKey [2]string       // the client's address and subject budget keys (limits.go)
 	ctx    context.Context // ends when the socket closes
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // writer and catch-up goroutines
@@ -198,7 +199,7 @@ func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
 	}
 	// Reserve the slot before the upgrade so concurrent handshakes cannot
 	// overshoot MaxConnections.
-	s := &socket{n: n, claims: claims, members: map[string]*member{}, readDone: make(chan struct{}),
+	s := &socket{n: n, claims: claims, limKey: [2]string{key, subKey}, members: map[string]*member{}, readDone: make(chan struct{}),
 		catchUps: make(chan struct{}, maxCatchUpPages), snapSlots: make(chan struct{}, max(1, n.cfg.State.PerSocket))}
 	s.ctx, s.cancel = context.WithCancel(n.ctx)
 	s.drops = DropWindow{Max: n.cfg.MaxDroppedFrames}
@@ -437,6 +438,16 @@ func (s *socket) subscribe(topic, cursor string, snapshot bool) {
 		s.enqueue(controlFrame("resync", topic, cur), nil)
 	default:
 		s.enqueue(controlFrame("subscribed", topic, cur), nil)
+	}
+	if snapshot && (cursor == "" || resync) {
+		// The client asks for the rows (a stale cursor asks as surely as
+		// none): charged to its snapshot budget.
+		if wait := n.limits.takeSnapshot(s.limKey[0], s.limKey[1]); wait > 0 {
+			n.stats.inc(&n.stats.rejected, "snapshot-rate")
+			n.snapshotEnded("refused", time.Time{})
+			s.enqueue(errorFrame("rate-limited", "too many snapshots from this client; the topic is not subscribed; subscribe again after "+retryAfter(wait)+" s", topic), nil)
+			return
+		}
 	}
 	if _, err := n.join(s.ctx, m); err != nil {
 		n.warnEvery("subscribe", "subscribe failed", "topic", topic, "err", err)

@@ -65,6 +65,16 @@ type StateConfig struct {
 	Timeout time.Duration
 	// PageRows is the rows fetched and held at once (default 500).
 	PageRows int
+	// Rate (snapshots per second) and Burst bound the snapshots each client
+	// asks for, kept per client address and per token subject alike, as
+	// the GET /v1/changes budgets are: a "snapshot":true subscription that
+	// would read the rows (no cursor, or one the journal can no longer
+	// serve) and each GET /v1/snapshot take one. Beyond them the
+	// subscription is refused with error rate-limited (429 over HTTP).
+	// Snapshots the node starts itself (answering a resync) are not
+	// charged. 0 means unlimited.
+	Rate  float64
+	Burst int
 }
 
 // Snapshot defaults.
@@ -565,7 +575,7 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 	if err != nil {
 		return 0, err
 	}
-	passed := false // an entry committed after walAt was read: every later one is invisible in snap
+	passed := false     // an entry committed after walAt was read: every later one is invisible in snap
 	asked := time.Now() // a busy source covers walAt by itself within a second
 	for {
 		// Whether everything committed up to walAt is journaled, checked
