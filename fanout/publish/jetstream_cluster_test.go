@@ -114,8 +114,7 @@ func TestJetStreamClusterR3Faults(t *testing.T) {
 	checkExactlyOnce(t, streamSeqs(t, strings.Join(urls, ","), "WALCAST"), total)
 
 	// The JetStream metrics after the faults: every entry acknowledged,
-	// no lag, a reconcile at start and at least one after the failover,
-	// and a commit-to-ack latency for each entry acknowledged to the
+	// no lag, and a commit-to-ack latency for each entry acknowledged to the
 	// publisher (not those whose acknowledgement a failover lost: the
 	// reconcile found them in the stream).
 	body := scrapeMetrics(t, metrics)
@@ -131,8 +130,9 @@ func TestJetStreamClusterR3Faults(t *testing.T) {
 	if n := metricValue(t, body, "walcast_jetstream_commit_to_ack_seconds_count"); n < total/2 || n > total {
 		t.Errorf("walcast_jetstream_commit_to_ack_seconds_count %v for %d entries", n, total)
 	}
-	if n := metricValue(t, body, "walcast_jetstream_reconciles_total"); n < 2 {
-		t.Errorf("walcast_jetstream_reconciles_total %v: want the start's and the failover's", n)
+	// At least the start's (a failover between two batches fails none).
+	if n := metricValue(t, body, "walcast_jetstream_reconciles_total"); n < 1 {
+		t.Errorf("walcast_jetstream_reconciles_total %v: want at least the start's", n)
 	}
 	if t.Failed() {
 		t.Log(body)
