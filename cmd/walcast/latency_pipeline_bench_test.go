@@ -86,7 +86,9 @@ func BenchmarkE2EPipelineLatency(b *testing.B) {
 		pl := startPipeline(b, sockets)
 		for _, rate := range rates {
 			r := pl.measure(b, rate, time.Duration(secs)*time.Second, time.Duration(warm)*time.Second, pgClients)
-			b.Log(r)
+			// Printed, not logged: the testing package cuts a
+			// benchmark's log after a few lines.
+			fmt.Println(r)
 			b.ReportMetric(r.achieved, fmt.Sprintf("tx/s@%d", rate))
 			b.ReportMetric(ms(r.nats.quantile(0.99)), fmt.Sprintf("nats_p99_ms@%d", rate))
 			b.ReportMetric(ms(r.socket.quantile(0.99)), fmt.Sprintf("socket_p99_ms@%d", rate))
@@ -349,18 +351,23 @@ type latencyResult struct {
 	achieved      float64 // pgbench's tps
 	nats, socket  *latHist
 	cpu           map[string]float64 // % of one core, by process
+	syncWrites    float64            // write system calls of walcast sync in window
+	window        time.Duration      // of the CPU and write samples
 	odd           string             // anything unexpected seen by the clients
 }
 
 func (r latencyResult) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n  %d tx/s asked, %.0f tx/s achieved (%d rows), %d sockets\n", r.rate, r.achieved, r.committed, r.sockets)
+	fmt.Fprintf(&b, "%d tx/s asked, %.0f tx/s achieved (%d rows), %d sockets\n", r.rate, r.achieved, r.committed, r.sockets)
 	fmt.Fprintf(&b, "  commit→NATS   p50 %6.1f ms  p99 %6.1f ms  max %6.1f ms  (%d samples)\n",
 		ms(r.nats.quantile(0.5)), ms(r.nats.quantile(0.99)), ms(r.nats.max), r.nats.n)
 	fmt.Fprintf(&b, "  commit→socket p50 %6.1f ms  p99 %6.1f ms  max %6.1f ms  (%d samples)\n",
 		ms(r.socket.quantile(0.5)), ms(r.socket.quantile(0.99)), ms(r.socket.max), r.socket.n)
 	fmt.Fprintf(&b, "  CPU %% of one core: postgres %.0f, walcast run %.0f, walcast sync %.0f, pgbench %.0f, this process (clients) %.0f",
 		r.cpu["postgres"], r.cpu["run"], r.cpu["sync"], r.cpu["pgbench"], r.cpu["bench"])
+	if frames := r.achieved * float64(r.sockets) * r.window.Seconds(); frames > 0 {
+		fmt.Fprintf(&b, "\n  walcast sync: %.2f write system calls per frame delivered", r.syncWrites/frames)
+	}
 	if r.odd != "" {
 		fmt.Fprintf(&b, "\n  UNEXPECTED: %s", r.odd)
 	}
@@ -406,9 +413,12 @@ func (pl *pipeline) measure(b *testing.B, rate int, dur, warm time.Duration, pgC
 	cpu0 := pl.cpuTicks()
 	t0 := time.Now()
 	cpuEnd := make(chan map[string]int64, 1)
+	var t1 time.Time // when cpuEnd's sample was taken
 	go func() {
-		// Sample just before pgbench ends (its own ticks vanish with it).
-		time.Sleep(time.Until(start.Add(dur - 200*time.Millisecond)))
+		// Sample before pgbench ends: its backends' ticks go once they
+		// exit (until the postmaster reaps them).
+		time.Sleep(time.Until(start.Add(dur - time.Second)))
+		t1 = time.Now()
 		cpuEnd <- pl.cpuTicks()
 	}()
 	if err := cmd.Wait(); err != nil {
@@ -419,11 +429,13 @@ func (pl *pipeline) measure(b *testing.B, rate int, dur, warm time.Duration, pgC
 		_ = pl.run.cmd.Process.Signal(syscall.SIGUSR2)
 		_ = pl.sync.cmd.Process.Signal(syscall.SIGUSR2)
 	}
-	wall := time.Since(t0) - 200*time.Millisecond
+	wall := t1.Sub(t0)
 	r := latencyResult{rate: rate, sockets: len(pl.clients), cpu: map[string]float64{}}
 	for k, v := range cpu1 {
-		r.cpu[k] = float64(v-cpu0[k]) / clockTicks / wall.Seconds() * 100
+		r.cpu[k] = max(0, float64(v-cpu0[k])/clockTicks/wall.Seconds()*100)
 	}
+	r.syncWrites = float64(cpu1["sync-writes"] - cpu0["sync-writes"])
+	r.window = wall
 	// pgbench over its whole run (it may have exited before the sample).
 	r.cpu["pgbench"] = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds() / time.Since(start).Seconds() * 100
 	if m := regexp.MustCompile(`tps = ([0-9.]+)`).FindStringSubmatch(out.String()); m != nil {
@@ -481,6 +493,7 @@ func (pl *pipeline) cpuTicks() map[string]int64 {
 		"sync":  procTicks(pl.sync.cmd.Process.Pid, false),
 		"bench": procTicks(os.Getpid(), false),
 	}
+	m["sync-writes"] = procWrites(pl.sync.cmd.Process.Pid)
 	pg := procTicks(pl.postgres, true)
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
@@ -494,6 +507,22 @@ func (pl *pipeline) cpuTicks() map[string]int64 {
 	}
 	m["postgres"] = pg
 	return m
+}
+
+// procWrites is the number of write system calls pid made (syscw of
+// /proc/<pid>/io: write, writev and the like).
+func procWrites(pid int) int64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/io")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "syscw: "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 // procStatFields returns the fields of /proc/pid/stat after the command
