@@ -5,10 +5,10 @@ import (
 )
 
 // A snapshot's catch-up starts where every earlier entry is visible in the
-// source snapshot: at H0 when nothing was in progress, and otherwise before
-// the first entry of a transaction of the snapshot's xip list even when it
-// lies more than snapshotLookback entries before H0 (a commit journaled long
-// before it became visible, as one waiting for a synchronous standby is).
+// source snapshot: snapshotLookback before H0, or before the first entry of
+// a transaction the snapshot does not see — in its xip list, or at or past
+// its xmax — even when it lies further back (a commit journaled long before
+// it became visible, as one waiting for a synchronous standby is).
 func TestCatchUpStart(t *testing.T) {
 	e := newSyncEnv(t)
 	rows := make([]row, 0, 100)
@@ -35,14 +35,21 @@ func TestCatchUpStart(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		xip  []uint64
+		xmax uint64
 		want int64
 	}{
-		{"nothing in progress", nil, h0},
-		{"in progress but not journaled", []uint64{1 << 20}, h0 - snapshotLookback},
+		{"nothing in progress", nil, 5<<32 | 1000, h0 - snapshotLookback},
+		{"in progress but not journaled", []uint64{5<<32 | 900}, 5<<32 | 1000, h0 - snapshotLookback},
 		// The 64-bit xid of the snapshot matches the 32-bit one journaled.
-		{"in progress and journaled long before H0", []uint64{5<<32 | heldXid, 1 << 20}, held - 1},
+		{"in progress and journaled long before H0", []uint64{5<<32 | heldXid, 5<<32 | 900}, 5<<32 | 1000, held - 1},
+		// Committed and journaled, not yet visible, and past xmax (one past
+		// the newest completed transaction): in no xip list.
+		{"past xmax, journaled long before H0", nil, 5<<32 | heldXid, held - 1},
+		// xmax just before a 32-bit wraparound: the journaled xids (small
+		// numbers, after it modulo 2^32) are all past it.
+		{"journaled xids past an xmax across a wraparound", nil, 4<<32 | (1<<32 - 10), 0},
 	} {
-		snap := pgSnapshot{xmin: 1, xmax: 1 << 40, xip: map[uint64]struct{}{}}
+		snap := pgSnapshot{xmin: 1, xmax: tc.xmax, xip: map[uint64]struct{}{}}
 		for _, x := range tc.xip {
 			snap.xip[x] = struct{}{}
 		}

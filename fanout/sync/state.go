@@ -668,21 +668,20 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 
 // catchUpStart is the journal position a snapshot's catch-up reads after:
 // every entry at or before it belongs to a transaction visible in snap. An
-// entry journaled by H0 (read before snap was taken) committed before snap;
-// it is invisible only if its transaction was still in snap's xip list. So
-// with no transaction in progress the start is H0 itself; otherwise it is
-// snapshotLookback before H0, or before the first entry of an xip
-// transaction within snapshotXidLookback, whichever is earlier.
+// entry journaled by H0 (read before snap was taken) committed before snap
+// was taken, yet it is invisible when its backend had not left the proc
+// array: its xid is then in snap's xip list, or at or past snap's xmax
+// (xmax is one past the newest completed transaction, not the next xid to
+// be assigned, so such a transaction need not be listed). The start is
+// snapshotLookback before H0, or before the first such entry within
+// snapshotXidLookback, whichever is earlier.
 func catchUpStart(ctx context.Context, j *journal.Journal, h0 int64, snap pgSnapshot) (int64, error) {
-	if len(snap.xip) == 0 {
-		return h0, nil
-	}
 	pos := max(0, h0-snapshotLookback)
-	xids := make([]uint32, 0, len(snap.xip))
+	xip := make([]uint32, 0, len(snap.xip))
 	for x := range snap.xip {
-		xids = append(xids, uint32(x)) // envelopes carry the low 32 bits
+		xip = append(xip, uint32(x)) // envelopes carry the low 32 bits
 	}
-	first, ok, err := j.FirstSeqOfXids(ctx, max(0, h0-snapshotXidLookback), h0, xids)
+	first, ok, err := j.FirstSeqInvisible(ctx, max(0, h0-snapshotXidLookback), h0, xip, uint32(snap.xmax))
 	if err != nil {
 		return 0, fmt.Errorf("journal read: %w", err)
 	}
