@@ -389,7 +389,8 @@ func (st *stateSource) loadStateTable(ctx context.Context, tx pgx.Tx, schema, ta
 
 // stateSink receives a snapshot's frames as JSON payloads, in order. send
 // waits for room (a snapshot is paced by its reader and never drops) and
-// fails once the reader has gone.
+// fails once the reader has gone. It must not keep payload after it
+// returns: the caller reuses the buffer.
 type stateSink interface {
 	send(ctx context.Context, payload []byte) error
 }
@@ -481,6 +482,7 @@ func (n *Node) readState(ctx context.Context, q journal.Query, reason string, si
 	}
 	fetch := "FETCH FORWARD " + strconv.Itoa(st.cfg.PageRows) + " FROM walcast_state"
 	tq, _ := json.Marshal(topic)
+	var rowBuf []byte
 	for {
 		b := decoder.NewTxBuilder(0, walAt, walAt, at)
 		rr := tx.Conn().PgConn().ExecParams(ctx, fetch, nil, nil, nil, nil)
@@ -506,12 +508,13 @@ func (n *Node) readState(ctx context.Context, q journal.Query, reason string, si
 			if !rowVisible(q.Tenant, c.TenantState, c.Tenant) {
 				continue
 			}
-			p := make([]byte, 0, len(c.Body)+len(tq)+24)
+			p := rowBuf[:0] // send does not keep it: one buffer serves every row
 			p = append(p, `{"t":"row","topic":`...)
 			p = append(p, tq...)
 			p = append(p, `,"row":`...)
 			p = append(p, c.Body...)
 			p = append(p, '}')
+			rowBuf = p
 			if err := sink.send(ctx, p); err != nil {
 				return res, err
 			}

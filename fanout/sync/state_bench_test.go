@@ -91,6 +91,8 @@ func BenchmarkE2EStateOneSocket(b *testing.B) {
 		copyTime := time.Since(start)
 
 		ws := env.mustDial(tok)
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
 		start = time.Now()
 		ws.send(map[string]any{"t": "sub", "topic": "public.docs", "snapshot": true})
 		rows, n, err := readSnapshot(ws.c)
@@ -98,6 +100,7 @@ func BenchmarkE2EStateOneSocket(b *testing.B) {
 			b.Fatal(err)
 		}
 		snapTime := time.Since(start)
+		runtime.ReadMemStats(&after)
 		ws.c.Close()
 		if rows != w.lines {
 			b.Fatalf("snapshot sent %d rows, COPY %d", rows, w.lines)
@@ -106,6 +109,9 @@ func BenchmarkE2EStateOneSocket(b *testing.B) {
 		b.ReportMetric(float64(w.lines)/copyTime.Seconds(), "copy-rows/s")
 		b.ReportMetric(snapTime.Seconds()/copyTime.Seconds(), "x-copy-time")
 		b.ReportMetric(float64(n)/snapTime.Seconds()/(1<<20), "socket-MiB/s")
+		// Allocated by the whole process (node and the counting client)
+		// per row: the row path's garbage, which GC then pays for.
+		b.ReportMetric(float64(after.TotalAlloc-before.TotalAlloc)/float64(rows), "alloc-B/row")
 		b.Logf("snapshot: %d rows, %d MiB in %v; COPY: %d rows, %d MiB in %v", rows, n>>20, snapTime.Round(time.Millisecond),
 			w.lines, w.n>>20, copyTime.Round(time.Millisecond))
 	}
