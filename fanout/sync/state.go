@@ -615,8 +615,13 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 				return 0, fmt.Errorf("journal read: %w", err)
 			}
 			if res.ResyncRequired {
-				if res.Reason == journal.ResyncPruned && pos < h0 {
-					pos = h0 // the look-back reached below the retained floor
+				if pos < h0 && (res.Reason == journal.ResyncPruned || res.Reason == journal.ResyncEntry || res.Reason == journal.ResyncEpoch) {
+					// The look-back reached below the retained floor, or
+					// behind a resync entry (a slot recreated, a new epoch)
+					// that H0 is past: what lies before it is another
+					// history. Restarting would meet it again every time
+					// (and fail the subscription after three); go on from H0.
+					pos = h0
 					continue
 				}
 				return 0, errSnapshotRestart
