@@ -139,3 +139,23 @@ func (j *Journal) Entities(ctx context.Context, maxBytes, limit int) ([]string, 
 	}
 	return out, nil
 }
+
+// EntityProgress returns, read together, the journal's horizon and the
+// entitySeq of the newest journaled change of each of entities (absent for
+// one with none): what a sync node compares with the changes it has
+// received to tell that none was lost on the way (fanout/sync position.go).
+func (j *Journal) EntityProgress(ctx context.Context, entities []string) (int64, map[string]int64, error) {
+	var horizon int64
+	var names []string
+	var last []int64
+	err := j.queryRow(ctx, "SELECT (SELECT next_seq - 1 FROM "+j.sql.meta+"), coalesce(array_agg(entity), '{}'), coalesce(array_agg(last_seq), '{}') FROM "+
+		j.sql.entitySeqs+" WHERE entity = ANY($1)", []any{entities}, &horizon, &names, &last)
+	if err != nil {
+		return 0, nil, opErr("journal.EntityProgress", err, "")
+	}
+	out := make(map[string]int64, len(names))
+	for i, e := range names {
+		out[e] = last[i]
+	}
+	return horizon, out, nil
+}

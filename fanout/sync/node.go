@@ -231,6 +231,7 @@ type Node struct {
 	horizonKnown atomic.Bool
 	epoch        atomic.Int64  // the journal epoch every position the node holds is in (epoch.go)
 	epochPoke    chan struct{} // asks watchEpoch for a check
+	positions    chan [2]int64 // publisher positions (epoch, seq) to apply, the newest (position.go)
 
 	natsUp     atomic.Bool
 	natsClosed atomic.Bool   // the connection is closed for good (nats.go gave up)
@@ -257,7 +258,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, j: cfg.Journal, log: cfg.Logger, topics: map[string]*syncTopic{}, sockets: map[*socket]struct{}{},
-		failed: make(chan struct{}), epochPoke: make(chan struct{}, 1)}
+		failed: make(chan struct{}), epochPoke: make(chan struct{}, 1), positions: make(chan [2]int64, 1)}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.reads.n = n
 	n.limits.init(&n.cfg)
@@ -356,7 +357,8 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("sync: metrics: %w", err)
 		}
 	}
-	n.wg.Add(5)
+	n.wg.Add(6)
+	go n.followPositions()
 	go n.watchEpoch()
 	go n.sweepIdle()
 	go n.sweepLag()
@@ -597,6 +599,7 @@ type syncTopic struct {
 	baselined     bool      // lastEntitySeq is known
 	lastEntitySeq int64     // newest entitySeq received (or journaled at creation)
 	lastSeen      int64     // newest seq received for the entity
+	lost          lostCheck // entries the journal holds and the topic never received (position.go)
 	gone          bool      // unsubscribed; a joiner must create a new topic
 	burst         liveBurst // sockets whose writers wait for the end of a burst (socket.go)
 }

@@ -1,7 +1,9 @@
 package sync
 
 import (
+	"context"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -19,11 +21,22 @@ import (
 // The publisher publishes its position P on bus.PositionSubject after the
 // entries up to P, on the same connection. When the node receives it, it
 // sets a barrier (nats.go Barrier) behind every message already queued for
-// its subscriptions; once every subscription has handled those — every
-// entry up to P that this node subscribes to — each live member has been
-// given every entry of its scope up to P, and its position moves to P.
-// Clients learn the new position as a `position` frame, sent after the
-// `pong` of their next ping when it moved.
+// its subscriptions; once every subscription has handled those, it reads
+// the journal's horizon and each topic's newest entitySeq. A topic that has
+// received every change of its entity the journal holds has given each of
+// its live members every entry of its scope up to P, and their positions
+// move to P. Clients learn the new position as a `position` frame, sent
+// after the `pong` of their next ping when it moved.
+//
+// A topic that has not is behind the journal: its changes are still on the
+// way (a publisher catching up), or one was lost on the way — core NATS
+// delivers at most once: a route between cluster servers that breaks, a
+// server restarting, a subscription over its pending limits. Its members
+// keep their positions (a position past a lost entry would skip it for
+// good, and tell the client so). When, at a later position past the
+// horizon read the first time, the topic still has received nothing more,
+// the changes were lost: the topic is repaired from the journal, as on a
+// gap — which otherwise only the entity's next change would reveal.
 
 // onPosition handles a publisher position message.
 func (n *Node) onPosition(msg *nats.Msg) {
@@ -36,13 +49,55 @@ func (n *Node) onPosition(msg *nats.Msg) {
 	if !ok || !n.inEpoch(epoch) {
 		return
 	}
-	if err := n.nc.Barrier(func() { n.advanceTo(epoch, seq) }); err != nil {
+	if err := n.nc.Barrier(func() { n.queuePosition(epoch, seq) }); err != nil {
 		n.warnEvery("position", "cannot set a NATS barrier for the publisher's position", "err", err)
 	}
 }
 
-// advanceTo moves every live member of epoch e to at least seq: every entry
-// up to seq has been handled by the member's topic (onPosition).
+// queuePosition hands a position to followPositions, replacing one not yet
+// taken (the newer covers it). It never blocks the NATS callback.
+func (n *Node) queuePosition(epoch, seq int64) {
+	for {
+		select {
+		case n.positions <- [2]int64{epoch, seq}:
+			return
+		default:
+		}
+		select {
+		case <-n.positions:
+		default:
+		}
+	}
+}
+
+// followPositions applies publisher positions, one at a time, off the NATS
+// callbacks (advanceTo reads the journal).
+func (n *Node) followPositions() {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case p := <-n.positions:
+			n.advanceTo(p[0], p[1])
+		}
+	}
+}
+
+// lostCheck is a topic's shortfall seen at one publisher position: the
+// newest entitySeq it had received and the journal's horizon then.
+type lostCheck struct {
+	set     bool
+	eseq    int64
+	horizon int64
+}
+
+// advanceTo moves the live members of epoch e to at least seq, in each
+// topic that has received every change of its entity the journal holds,
+// and repairs the topics that are still short of the journal after the
+// publisher has passed what it held at the previous position (see above).
+// It reads the journal, so it runs on followPositions, off the NATS
+// callbacks.
 func (n *Node) advanceTo(e, seq int64) {
 	if n.epoch.Load() != e {
 		return
@@ -54,15 +109,47 @@ func (n *Node) advanceTo(e, seq int64) {
 		seq = min(seq, n.horizon.Load())
 	}
 	topics := n.topicList()
+	if len(topics) == 0 {
+		return
+	}
+	entities := make([]string, len(topics))
+	for i, t := range topics {
+		entities[i] = t.entity
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, 10*time.Second)
+	horizon, last, err := n.j.EntityProgress(ctx, entities)
+	cancel()
+	if err != nil {
+		n.warnEvery("position", "cannot read the journal to apply the publisher's position; positions stay", "err", err)
+		return
+	}
+	if n.epoch.Load() != e {
+		return
+	}
 	moved := int64(0)
 	for _, t := range topics {
 		t.mu.Lock()
-		for m := range t.members {
-			if m.state == memberLive && m.epoch == e && m.pos < seq {
-				m.pos = seq
-				m.quiet = true
-				moved++
+		switch jl := last[t.entity]; {
+		case !t.baselined:
+		case t.lastEntitySeq >= jl:
+			t.lost = lostCheck{}
+			for m := range t.members {
+				if m.state == memberLive && m.epoch == e && m.pos < seq {
+					m.pos = seq
+					m.quiet = true
+					moved++
+				}
 			}
+		case t.lost.set && t.lost.eseq == t.lastEntitySeq && seq >= t.lost.horizon:
+			// The publisher has published everything the journal held
+			// at the previous position, and none of this entity's
+			// changes among it arrived: lost.
+			t.lost = lostCheck{}
+			t.lastEntitySeq = jl
+			t.repairLocked("lost")
+			n.stats.inc(&n.stats.repairs, "lost")
+		case !t.lost.set || t.lost.eseq != t.lastEntitySeq:
+			t.lost = lostCheck{set: true, eseq: t.lastEntitySeq, horizon: horizon}
 		}
 		t.mu.Unlock()
 	}
