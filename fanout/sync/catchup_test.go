@@ -2,6 +2,8 @@ package sync
 
 import (
 	"testing"
+
+	"github.com/walcast/walcast/journal"
 )
 
 // A snapshot's catch-up starts where every earlier entry is visible in the
@@ -57,5 +59,18 @@ func TestCatchUpStart(t *testing.T) {
 		if err != nil || got != tc.want {
 			t.Errorf("%s: start %d (%v), want %d", tc.name, got, err, tc.want)
 		}
+	}
+	// A resync entry (a slot recreated, a new epoch) bounds the look-back:
+	// what lies before it is another history.
+	res, err := e.j.AppendResync(ctx, e.gen, journal.Resync{Reason: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		e.appendRows(ins(orders, 10000+i))
+	}
+	snap := pgSnapshot{xmin: 1, xmax: 5<<32 | 1, xip: map[uint64]struct{}{}} // every journaled xid past xmax
+	if got, err := catchUpStart(ctx, e.j, res.LastSeq+5, snap); err != nil || got != res.LastSeq {
+		t.Errorf("after a resync entry at %d: start %d (%v), want %d", res.LastSeq, got, err, res.LastSeq)
 	}
 }

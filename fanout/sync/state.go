@@ -682,21 +682,25 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 // (xmax is one past the newest completed transaction, not the next xid to
 // be assigned, so such a transaction need not be listed). The start is
 // snapshotLookback before H0, or before the first such entry within
-// snapshotXidLookback, whichever is earlier.
+// snapshotXidLookback, whichever is earlier, but never before the newest
+// resync entry or the retained floor.
 func catchUpStart(ctx context.Context, j *journal.Journal, h0 int64, snap pgSnapshot) (int64, error) {
 	pos := max(0, h0-snapshotLookback)
 	xip := make([]uint32, 0, len(snap.xip))
 	for x := range snap.xip {
 		xip = append(xip, uint32(x)) // envelopes carry the low 32 bits
 	}
-	first, ok, err := j.FirstSeqInvisible(ctx, max(0, h0-snapshotXidLookback), h0, xip, uint32(snap.xmax))
+	first, ok, readFrom, err := j.FirstSeqInvisible(ctx, max(0, h0-snapshotXidLookback), h0, xip, uint32(snap.xmax))
 	if err != nil {
 		return 0, fmt.Errorf("journal read: %w", err)
 	}
 	if ok {
 		pos = min(pos, first-1)
 	}
-	return pos, nil
+	// Never before the retained floor or the newest resync entry (a slot
+	// recreated, a new epoch): what lies before it is another history,
+	// which the rows replace.
+	return min(max(pos, readFrom), h0), nil
 }
 
 // snapshotEndPayload is {"t":"snapshot-end",…} with the cursor the changes
