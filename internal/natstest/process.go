@@ -208,7 +208,30 @@ func (s *ProcServer) Kill(t testing.TB) {
 
 // Pause stops the process (SIGSTOP): its sockets stay open, nothing is
 // read or answered, as with a hung host.
-func (s *ProcServer) Pause(t testing.TB) { s.signal(t, syscall.SIGSTOP) }
+func (s *ProcServer) Pause(t testing.TB) {
+	t.Helper()
+	s.signal(t, syscall.SIGSTOP)
+	// A signal is delivered asynchronously: wait until the process is
+	// stopped, so nothing it does after Pause returns can be seen.
+	s.mu.Lock()
+	pid := s.cmd.Process.Pid
+	s.mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			t.Fatalf("NATS server %s: %v", s.Name, err)
+		}
+		// pid (comm) state …: the state follows the last ')'.
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'T' {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("NATS server %s did not stop within 10 s of SIGSTOP", s.Name)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
 
 // Resume continues a paused process (SIGCONT).
 func (s *ProcServer) Resume(t testing.TB) { s.signal(t, syscall.SIGCONT) }
