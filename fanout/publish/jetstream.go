@@ -205,7 +205,17 @@ func parseMsgID(id string) (journalID string, epoch, seq int64, ok bool) {
 // stream, chained, and waits for every acknowledgement; it returns the last
 // seq stored. On any failure it returns an error and the caller reconciles
 // before publishing again.
-func (p *Publisher) publishJS(ctx context.Context, msgs []*nats.Msg, entries []journal.Entry) (int64, error) {
+func (p *Publisher) publishJS(ctx context.Context, msgs []*nats.Msg, entries []journal.Entry) (last int64, err error) {
+	defer func() {
+		if err != nil {
+			// Publishes still awaiting an acknowledgement (one lost in a
+			// leader change while the connection stayed up) would count
+			// against the pending bound until a reconnect, and stall every
+			// later publish: drop them. The reconcile that follows reads
+			// what the stream holds.
+			p.js.CleanupPublisher()
+		}
+	}()
 	futures := make([]jetstream.PubAckFuture, len(msgs))
 	start := time.Now()
 	for i, m := range msgs {
@@ -290,11 +300,8 @@ func (p *Publisher) initJetStream() error {
 		return fmt.Errorf("publish: a JetStream duplicate window of %s is under %s (fix: --jetstream-duplicate-window 2m)", p.cfg.JetStream.DuplicateWindow, MinDuplicateWindow)
 	}
 	// Publishes whose acknowledgement is lost while the connection stays
-	// up stay pending in nats.go until a reconnect (at most 2 batches'
-	// worth, then publishing stalls). WithPublishAsyncTimeout would expire
-	// them, but TestJetStreamClusterR3Faults failed more often with it (2
-	// of 3 runs, the publisher never recovering after an ack timeout)
-	// than without (1 in about 10): left out until that is understood.
+	// up would stay pending in nats.go until a reconnect; publishJS drops
+	// them after any failure (CleanupPublisher), before reconciling.
 	js, err := jetstream.New(p.nc, jetstream.WithPublishAsyncMaxPending(2*p.cfg.BatchSize))
 	if err != nil {
 		return fmt.Errorf("publish: JetStream: %w", err)
