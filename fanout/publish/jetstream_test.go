@@ -45,13 +45,18 @@ func streamSeqs(t *testing.T, url, name string) []int64 {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	s, err := js.Stream(ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
+	var s jetstream.Stream
+	var info *jetstream.StreamInfo
+	for try := 0; ; try++ { // a cluster may be electing a leader
+		if s, err = js.Stream(ctx, name); err == nil {
+			if info, err = s.Info(ctx); err == nil {
+				break
+			}
+		}
+		if try == 20 {
+			t.Fatalf("stream %s: %v", name, err)
+		}
+		time.Sleep(250 * time.Millisecond)
 	}
 	var out []int64
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
