@@ -57,34 +57,16 @@ func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusTooManyRequests, "rate-limited", "too many snapshots from this client; retry after "+retryAfter(wait)+" s")
 		return
 	}
-	st := n.state
 	ctx := r.Context()
-	n.stats.snapshotsQueued.Add(1)
-	select {
-	case st.sem <- struct{}{}:
-	case <-ctx.Done():
-		n.stats.snapshotsQueued.Add(-1)
-		n.snapshotEnded("cancelled", time.Time{})
+	release := n.acquireSnapshot(ctx, nil)
+	if release == nil {
 		return
 	}
-	n.stats.snapshotsQueued.Add(-1)
-	st.active.Add(1)
+	defer release()
 	started := time.Now()
-	defer func() {
-		st.active.Add(-1)
-		<-st.sem
-	}()
 	sink := &httpSink{w: w, rc: http.NewResponseController(w), timeout: n.cfg.WriteTimeout}
 	q := journal.Query{Entities: []string{topic}, Tenant: claims.Tenant}
-	var res stateResult
-	reason := ""
-	for attempt := 0; attempt < snapshotAttempts; attempt++ {
-		res, err = n.readState(ctx, q, reason, sink)
-		if !errors.Is(err, errSnapshotRestart) {
-			break
-		}
-		reason = "resync" // the client discards what it read on the next snapshot-begin
-	}
+	res, err := n.readStateAgain(ctx, q, "", sink)
 	if err == nil {
 		var cur string
 		if cur, err = n.j.CursorAt(q, res.epoch, res.pos); err == nil {

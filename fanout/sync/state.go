@@ -828,44 +828,67 @@ func (s *socket) startSnapshotLocked(m *member, reason string) bool {
 // journal was reset under it.
 const snapshotAttempts = 3
 
-// runSnapshot reads m's snapshot (waiting for the socket's and the node's
-// snapshot slots), then hands m to the ordinary catch-up path.
-func (s *socket) runSnapshot(ctx context.Context, m *member, j *snapJob, reason string) {
-	n := s.n
+// acquireSnapshot waits, counted as queued, for a slot of socketSlots (a
+// socket's; nil for none) and then one of the node's. It returns the func
+// that releases them, or nil, counting the snapshot cancelled, when ctx
+// ends first.
+func (n *Node) acquireSnapshot(ctx context.Context, socketSlots chan struct{}) func() {
 	st := n.state
 	n.stats.snapshotsQueued.Add(1)
-	select {
-	case s.snapSlots <- struct{}{}:
-	case <-ctx.Done():
-		n.stats.snapshotsQueued.Add(-1)
+	defer n.stats.snapshotsQueued.Add(-1)
+	cancelled := func() func() {
 		n.snapshotEnded("cancelled", time.Time{})
-		return
+		return nil
 	}
-	defer func() { <-s.snapSlots }()
+	if socketSlots != nil {
+		select {
+		case socketSlots <- struct{}{}:
+		case <-ctx.Done():
+			return cancelled()
+		}
+	}
 	select {
 	case st.sem <- struct{}{}:
 	case <-ctx.Done():
-		n.stats.snapshotsQueued.Add(-1)
-		n.snapshotEnded("cancelled", time.Time{})
-		return
+		if socketSlots != nil {
+			<-socketSlots
+		}
+		return cancelled()
 	}
-	n.stats.snapshotsQueued.Add(-1)
 	st.active.Add(1)
-	started := time.Now()
-	defer func() {
+	return func() {
 		st.active.Add(-1)
 		<-st.sem
-	}()
-	sink := socketSink{s: s, m: m, j: j}
-	var res stateResult
-	var err error
-	for attempt := 0; attempt < snapshotAttempts; attempt++ {
-		res, err = n.readState(ctx, m.q, reason, sink)
-		if !errors.Is(err, errSnapshotRestart) {
+		if socketSlots != nil {
+			<-socketSlots
+		}
+	}
+}
+
+// readStateAgain is readState, started over (as an answer to a resync: the
+// client drops what it read at the next snapshot-begin) when the journal
+// was reset under it, up to snapshotAttempts times.
+func (n *Node) readStateAgain(ctx context.Context, q journal.Query, reason string, sink stateSink) (res stateResult, err error) {
+	for range snapshotAttempts {
+		if res, err = n.readState(ctx, q, reason, sink); !errors.Is(err, errSnapshotRestart) {
 			break
 		}
 		reason = "resync"
 	}
+	return res, err
+}
+
+// runSnapshot reads m's snapshot (waiting for the socket's and the node's
+// snapshot slots), then hands m to the ordinary catch-up path.
+func (s *socket) runSnapshot(ctx context.Context, m *member, j *snapJob, reason string) {
+	n := s.n
+	release := n.acquireSnapshot(ctx, s.snapSlots)
+	if release == nil {
+		return
+	}
+	defer release()
+	started := time.Now()
+	res, err := n.readStateAgain(ctx, m.q, reason, socketSink{s: s, m: m, j: j})
 	if err != nil {
 		if ctx.Err() != nil || !m.ownsJob(j) {
 			n.snapshotEnded("cancelled", started)
