@@ -38,6 +38,9 @@ func (j *Journal) Acquire(ctx context.Context) (int64, error) {
 			return tx.QueryRow(ctx, "UPDATE "+j.sql.meta+" SET generation = generation + 1 RETURNING generation").Scan(&gen)
 		})
 		if err == nil {
+			// Appends of an older generation of this process (if any)
+			// are fenced; what they left in memory is forgotten.
+			j.recent.reset()
 			return gen, nil
 		}
 		var pgErr *pgconn.PgError

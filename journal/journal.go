@@ -87,6 +87,7 @@ type Journal struct {
 	appendMu     sync.Mutex
 	cache        appendCache
 	keys         keyTenants // keycache.go
+	recent       recentLog  // this process's newest appends, for ReadAfter (recent.go); has its own lock
 	oneShotBytes int        // batches encoding larger are streamed (tests lower it)
 
 	lmu      sync.Mutex // guards the following fields

@@ -41,6 +41,10 @@ func (j *Journal) ReadAfter(ctx context.Context, after int64, limit int) (Log, e
 // first entry is always returned, so a read holds at most maxBytes plus one
 // envelope. maxBytes 0 means DefaultMaxBytes; above MaxMaxBytes it is
 // lowered to it.
+//
+// Entries this process's own appends just committed are returned from
+// memory, without a query (recent.go); their envelopes are shared and
+// must not be modified.
 func (j *Journal) ReadAfterBytes(ctx context.Context, after int64, limit, maxBytes int) (Log, error) {
 	const op = "journal.ReadAfter"
 	ctx, cancel := j.callCtx(ctx)
@@ -52,6 +56,12 @@ func (j *Journal) ReadAfterBytes(ctx context.Context, after int64, limit, maxByt
 	if limit > MaxLimit {
 		limit = MaxLimit
 	}
+	// What this process's own appends just committed is in memory
+	// (recent.go); anything else is read from the journal.
+	if l, ok := j.recent.read(after, limit, maxBytes); ok {
+		return l, nil
+	}
+	version := j.recent.state()
 	conn, err := j.pool.acquire(ctx)
 	if err != nil {
 		return Log{}, opErr(op, err, "")
@@ -98,6 +108,7 @@ func (j *Journal) ReadAfterBytes(ctx context.Context, after int64, limit, maxByt
 			return Log{}, opErr(op, err, "")
 		}
 	}
+	j.recent.observe(version, out)
 	return out, nil
 }
 

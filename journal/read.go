@@ -78,7 +78,9 @@ type Entry struct {
 	CommitLSN     decoder.LSN
 	CommitTime    time.Time
 	// Envelope is the complete envelope JSON (DESIGN §3), byte for byte as
-	// stored and published. The caller owns it.
+	// stored and published. The caller owns it, except in what ReadAfter
+	// returns: there it may be shared with other readers (the recent log,
+	// recent.go) and must not be modified.
 	Envelope []byte
 	// Epoch is the epoch the entry was journaled in; set by ReadAfter (the
 	// publisher's read, for message ids) and zero elsewhere.

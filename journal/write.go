@@ -63,6 +63,8 @@ type appendCache struct {
 	gen       int64
 	watermark int64
 	next      int64                  // next_seq
+	epoch     int64                  // the journal's epoch
+	epochSeq  int64                  // the epoch's first seq
 	entities  map[string]entityState // entity_seqs
 	buf       []byte                 // COPY encoding buffer, reused
 	// highNext and highWM are next_seq and the watermark after this
@@ -134,6 +136,7 @@ func (j *Journal) append(ctx context.Context, op string, gen int64, txs []*decod
 		}
 		j.cache.valid = false // the outcome may be ambiguous: reload next time
 		j.keys.reset()        // and it may hold keys of the batch that failed
+		j.recent.reset()      // and of what it committed, if it did
 		if errors.Is(err, errStale) && optimistic {
 			optimistic = false
 			continue
@@ -157,8 +160,10 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 		var curGen int64
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
-		b.Queue("SELECT generation, watermark, next_seq FROM " + j.sql.meta + " FOR UPDATE").QueryRow(func(r pgx.Row) error {
-			return r.Scan(&curGen, &wm, &nextSeq)
+		var epoch, epochSeq int64
+		b.Queue("SELECT m.generation, m.watermark, m.next_seq, m.epoch, coalesce((SELECT first_seq FROM " + j.sql.epochs +
+			" WHERE epoch = m.epoch), 1) FROM " + j.sql.meta + " m FOR UPDATE OF m").QueryRow(func(r pgx.Row) error {
+			return r.Scan(&curGen, &wm, &nextSeq, &epoch, &epochSeq)
 		})
 		if err := conn.SendBatch(ctx, b).Close(); err != nil {
 			return res, err
@@ -170,12 +175,14 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 			return res, fmt.Errorf("%w: next seq %d and watermark %s, after this process committed up to seq %d and watermark %s",
 				ErrJournalRewound, nextSeq, decoder.LSN(wm), j.cache.highNext-1, decoder.LSN(j.cache.highWM))
 		}
-		if !j.cache.valid || j.cache.next != nextSeq || j.cache.entities == nil {
-			j.keys.reset() // another appender may have written since
+		if !j.cache.valid || j.cache.next != nextSeq || j.cache.entities == nil || j.cache.epoch != epoch {
+			j.keys.reset()   // another appender may have written since
+			j.recent.reset() // (and the recent log would not end at the horizon)
 			if err := j.loadEntities(ctx, conn); err != nil {
 				return res, err
 			}
 		}
+		j.cache.epoch, j.cache.epochSeq = epoch, epochSeq
 	}
 
 	// Replays: keep transactions strictly above the running watermark.
@@ -200,7 +207,8 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 	if err != nil {
 		return res, err
 	}
-	src := &copySource{txs: kept, next: nextSeq, base: j.cache.entities, dirty: map[string]entityState{}, resolve: resolve, keys: &j.keys, buf: j.cache.buf[:0]}
+	src := &copySource{txs: kept, next: nextSeq, base: j.cache.entities, dirty: map[string]entityState{}, resolve: resolve, keys: &j.keys, buf: j.cache.buf[:0],
+		keep: &recentBatch{}}
 	reuse := false
 	defer func() {
 		// Reuse the encoding buffer only after a successful append: after a
@@ -260,10 +268,19 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 	}
 	j.cache.valid, j.cache.gen, j.cache.watermark, j.cache.next = true, gen, newWM, src.next
 	j.cache.highNext, j.cache.highWM = src.next, newWM
+	if o.epoch != 0 {
+		j.cache.epoch, j.cache.epochSeq = o.epoch, nextSeq
+	}
 	res.Watermark = decoder.LSN(newWM)
 	res.Entries = int(written)
+	if written == 0 && o.epoch != 0 {
+		j.recent.reset()
+	}
 	if written > 0 {
 		res.FirstSeq, res.LastSeq = nextSeq, src.next-1
+		// Before the wake-up: the publisher it wakes reads them from
+		// memory (recent.go).
+		j.recent.add(nextSeq, src.next, src.keep.done(), j.cache.epoch, j.cache.epochSeq)
 		// Waiters in this process (the publisher beside the replicator)
 		// learn of the commit now, not a NOTIFY round trip later.
 		j.wakeLocal(src.next-1, o.epoch)
@@ -385,6 +402,9 @@ type copySource struct {
 	// keys learns the tenant of every key written for a tenanted entity;
 	// a failed append resets it (append). Nil in tests of the encoding.
 	keys *keyTenants
+	// keep gathers the rows for the recent log (recent.go); nil in tests
+	// of the encoding.
+	keep *recentBatch
 
 	buf       []byte // encoded, not yet read
 	off       int
@@ -710,6 +730,9 @@ func (s *copySource) row(c *decoder.Change, seq int64, st entityState, op decode
 	b = binary.BigEndian.AppendUint32(b, uint32(len(e)))
 	b = appendText(b, e, true)
 	s.buf = b
+	if s.keep != nil {
+		s.keep.add(rowEntry(c, t, seq, st.seq, op, tenant, hasTenant, unknown), e)
+	}
 }
 
 func appendInt8(b []byte, v int64) []byte {
