@@ -81,17 +81,44 @@ func (r *Replicator) countJournaledRun(entity string, op decoder.Op, n int) {
 type instruments struct {
 	appendDuration metric.Float64Histogram
 	batchSize      metric.Int64Histogram
+	decodeDelay    metric.Float64Histogram
+	queueWait      metric.Float64Histogram
 	reconnects     metric.Int64Counter
 }
 
-// recordBatch records one journal append; called by the writer only.
-func (r *Replicator) recordBatch(ctx context.Context, took time.Duration, entries int) {
+// recordBatch records one journal append that started at start, took took
+// and wrote entries, of batch (taken from the queue at start; wm is the
+// watermark before it); called by the writer only.
+//
+// Besides the append itself, it records where the batch's oldest new
+// transaction spent its time before the append: from its commit on the
+// source (the source's clock) to its decoding (walcast.replication.decode.delay:
+// the server's WAL flush and send, and the receive and decode here), and
+// from then to the start of the append (walcast.journal.queue.wait: the
+// appends ahead of it). With the append's duration they split a change's
+// time from commit to journal; samples are one per batch, never per change.
+func (r *Replicator) recordBatch(ctx context.Context, start time.Time, took time.Duration, entries int, batch []queueItem, wm decoder.LSN) {
 	if r.inst == nil {
 		return
 	}
 	r.inst.appendDuration.Record(ctx, took.Seconds())
 	r.inst.batchSize.Record(ctx, int64(entries))
+	for _, it := range batch {
+		// Replays (at or below the watermark) are not journaled, and a
+		// snapshot chunk's commit time is the snapshot's.
+		if it.tx == nil || it.snap != nil || it.tx.EndLSN <= wm || it.tx.CommitTime.IsZero() {
+			continue
+		}
+		r.inst.decodeDelay.Record(ctx, max(0, it.at.Sub(it.tx.CommitTime).Seconds()))
+		r.inst.queueWait.Record(ctx, max(0, start.Sub(it.at).Seconds()))
+		return
+	}
 }
+
+// stageBuckets are the bucket bounds (seconds) of the stage histograms:
+// fine below 10 ms, where a healthy pipeline is, and up to a minute for a
+// catch-up.
+var stageBuckets = []float64{0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
 
 // countReconnect counts a session that ended with err, by its error code.
 func (r *Replicator) countReconnect(err error) {
@@ -107,7 +134,19 @@ func (r *Replicator) countReconnect(err error) {
 func (r *Replicator) RegisterMetrics(meter metric.Meter) error {
 	appendDuration, err := meter.Float64Histogram("walcast.journal.append.duration", metric.WithUnit("s"),
 		metric.WithDescription("time to journal one group-committed batch, COPY and watermark included"),
-		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+		metric.WithExplicitBucketBoundaries(stageBuckets...))
+	if err != nil {
+		return err
+	}
+	decodeDelay, err := meter.Float64Histogram("walcast.replication.decode.delay", metric.WithUnit("s"),
+		metric.WithDescription("from a transaction's commit on the source (its clock) to its decoding here; one sample per journal batch, of its oldest new transaction"),
+		metric.WithExplicitBucketBoundaries(stageBuckets...))
+	if err != nil {
+		return err
+	}
+	queueWait, err := meter.Float64Histogram("walcast.journal.queue.wait", metric.WithUnit("s"),
+		metric.WithDescription("from a decoded transaction's queueing to the start of the journal append that writes it; one sample per journal batch, of its oldest new transaction"),
+		metric.WithExplicitBucketBoundaries(stageBuckets...))
 	if err != nil {
 		return err
 	}
@@ -122,7 +161,7 @@ func (r *Replicator) RegisterMetrics(meter metric.Meter) error {
 	if err != nil {
 		return err
 	}
-	r.inst = &instruments{appendDuration: appendDuration, batchSize: batchSize, reconnects: reconnectsByCause}
+	r.inst = &instruments{appendDuration: appendDuration, batchSize: batchSize, decodeDelay: decodeDelay, queueWait: queueWait, reconnects: reconnectsByCause}
 	delay, err := meter.Float64ObservableGauge("walcast.replication.lag.time", metric.WithUnit("s"),
 		metric.WithDescription("from the commit of the newest transaction in the last journal batch to that batch's journal commit"))
 	if err != nil {

@@ -16,7 +16,8 @@ type queueItem struct {
 	snap    *journal.SnapshotProgress // journaled with tx (a snapshot chunk); nil for others
 	advance decoder.LSN
 	changes int
-	bytes   int64 // tx.MemBytes(): what the item holds in memory
+	bytes   int64     // tx.MemBytes(): what the item holds in memory
+	at      time.Time // when it was queued (the writer's stage metrics)
 }
 
 func (it queueItem) release() {
@@ -115,9 +116,10 @@ func (q *queue) pushWith(txs []*decoder.Transaction, progress map[*decoder.Trans
 	for _, tx := range txs {
 		sz = append(sz, tx.MemBytes())
 	}
+	now := time.Now()
 	q.mu.Lock()
 	for i, tx := range txs {
-		q.items = append(q.items, queueItem{tx: tx, snap: progress[tx], changes: tx.Len(), bytes: sz[i]})
+		q.items = append(q.items, queueItem{tx: tx, snap: progress[tx], changes: tx.Len(), bytes: sz[i], at: now})
 		q.changes += tx.Len()
 		q.bytes += sz[i]
 	}
@@ -128,7 +130,7 @@ func (q *queue) pushWith(txs []*decoder.Transaction, progress map[*decoder.Trans
 // pushAdvance queues a watermark-only advance to lsn.
 func (q *queue) pushAdvance(lsn decoder.LSN) {
 	q.mu.Lock()
-	q.items = append(q.items, queueItem{advance: lsn})
+	q.items = append(q.items, queueItem{advance: lsn, at: time.Now()})
 	q.mu.Unlock()
 	signal(q.ready)
 }

@@ -335,6 +335,7 @@ func (r *Replicator) writer(ctx context.Context, q *queue, gen int64, wake *wake
 			return nil
 		}
 		start := time.Now()
+		wm := decoder.LSN(r.watermark.Load())
 		sctx, span := r.tracer.Start(actx, spanJournalAppend)
 		res, err := r.appendBatch(sctx, gen, batch)
 		if err != nil && refusedByJournal(err) {
@@ -342,7 +343,7 @@ func (r *Replicator) writer(ctx context.Context, q *queue, gen int64, wake *wake
 		}
 		endBatchSpan(span, gen, res, err)
 		if err == nil && res.Entries > 0 {
-			r.recordBatch(ctx, time.Since(start), res.Entries)
+			r.recordBatch(ctx, start, time.Since(start), res.Entries, batch, wm)
 		}
 		if err == nil && r.log.Enabled(ctx, slog.LevelDebug) {
 			r.log.Debug("journal batch", "items", len(batch), "transactions", res.Transactions, "skipped", res.Skipped,

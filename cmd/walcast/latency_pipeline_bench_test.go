@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"math"
 	"math/bits"
 	"net/http"
 	"os"
@@ -15,6 +17,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -350,10 +353,11 @@ type latencyResult struct {
 	committed     int64   // rows committed by pgbench
 	achieved      float64 // pgbench's tps
 	nats, socket  *latHist
-	cpu           map[string]float64 // % of one core, by process
-	syncWrites    float64            // write system calls of walcast sync in window
-	window        time.Duration      // of the CPU and write samples
-	odd           string             // anything unexpected seen by the clients
+	cpu           map[string]float64  // % of one core, by process
+	syncWrites    float64             // write system calls of walcast sync in window
+	window        time.Duration       // of the CPU and write samples
+	odd           string              // anything unexpected seen by the clients
+	stages        map[string]promHist // walcast run's stage histograms over the window
 }
 
 func (r latencyResult) String() string {
@@ -367,6 +371,19 @@ func (r latencyResult) String() string {
 		r.cpu["postgres"], r.cpu["run"], r.cpu["sync"], r.cpu["pgbench"], r.cpu["bench"])
 	if frames := r.achieved * float64(r.sockets) * r.window.Seconds(); frames > 0 {
 		fmt.Fprintf(&b, "\n  walcast sync: %.2f write system calls per frame delivered", r.syncWrites/frames)
+	}
+	if len(r.stages) > 0 {
+		// One sample per journal batch (of its oldest new transaction):
+		// an estimate of where a change's time before NATS goes.
+		b.WriteString("\n  walcast run, per journal batch (p50/p99 ms):")
+		for _, st := range runStages {
+			if h, ok := r.stages[st.metric]; ok && h.n > 0 {
+				fmt.Fprintf(&b, " %s %.1f/%.1f", st.name, 1000*h.quantile(0.5), 1000*h.quantile(0.99))
+			}
+		}
+		if h, ok := r.stages["walcast_journal_batch_size"]; ok && h.n > 0 {
+			fmt.Fprintf(&b, "; batch size p50 %.0f p99 %.0f changes", h.quantile(0.5), h.quantile(0.99))
+		}
 	}
 	if r.odd != "" {
 		fmt.Fprintf(&b, "\n  UNEXPECTED: %s", r.odd)
@@ -411,14 +428,17 @@ func (pl *pipeline) measure(b *testing.B, rate int, dur, warm time.Duration, pgC
 		_ = pl.sync.cmd.Process.Signal(syscall.SIGUSR1)
 	}
 	cpu0 := pl.cpuTicks()
+	stages0 := pl.run.stageHists()
 	t0 := time.Now()
 	cpuEnd := make(chan map[string]int64, 1)
-	var t1 time.Time // when cpuEnd's sample was taken
+	var stages1 map[string]promHist // with cpuEnd's sample
+	var t1 time.Time                // when cpuEnd's sample was taken
 	go func() {
 		// Sample before pgbench ends: its backends' ticks go once they
 		// exit (until the postmaster reaps them).
 		time.Sleep(time.Until(start.Add(dur - time.Second)))
 		t1 = time.Now()
+		stages1 = pl.run.stageHists()
 		cpuEnd <- pl.cpuTicks()
 	}()
 	if err := cmd.Wait(); err != nil {
@@ -435,6 +455,10 @@ func (pl *pipeline) measure(b *testing.B, rate int, dur, warm time.Duration, pgC
 		r.cpu[k] = max(0, float64(v-cpu0[k])/clockTicks/wall.Seconds()*100)
 	}
 	r.syncWrites = float64(cpu1["sync-writes"] - cpu0["sync-writes"])
+	r.stages = map[string]promHist{}
+	for k, h := range stages1 {
+		r.stages[k] = h.minus(stages0[k])
+	}
 	r.window = wall
 	// pgbench over its whole run (it may have exited before the sample).
 	r.cpu["pgbench"] = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds() / time.Since(start).Seconds() * 100
@@ -809,4 +833,101 @@ func (h *latHist) quantile(q float64) int64 {
 		}
 	}
 	return h.max
+}
+
+// runStages are the histograms of `walcast run` that split a change's time
+// from its commit to the journal, in path order.
+var runStages = []struct{ name, metric string }{
+	{"commit→decoded", "walcast_replication_decode_delay_seconds"},
+	{"queued", "walcast_journal_queue_wait_seconds"},
+	{"append", "walcast_journal_append_duration_seconds"},
+}
+
+// promHist is a Prometheus histogram read from /metrics: cumulative bucket
+// counts by upper bound (the last +Inf), summed over label sets.
+type promHist struct {
+	le     []float64
+	counts []float64
+	n      float64
+}
+
+// minus is h with o's counts taken away (o read earlier; empty: h).
+func (h promHist) minus(o promHist) promHist {
+	out := promHist{le: h.le, counts: slices.Clone(h.counts), n: h.n - o.n}
+	if len(o.counts) == len(h.counts) {
+		for i := range out.counts {
+			out.counts[i] -= o.counts[i]
+		}
+	}
+	return out
+}
+
+// quantile interpolates linearly within the bucket holding q (the
+// bucket's upper bound for the +Inf bucket's lower edge).
+func (h promHist) quantile(q float64) float64 {
+	rank := q * h.n
+	lo, prev := 0.0, 0.0
+	for i, c := range h.counts {
+		if c >= rank && c > prev {
+			if math.IsInf(h.le[i], 1) {
+				return lo
+			}
+			return lo + (h.le[i]-lo)*(rank-prev)/(c-prev)
+		}
+		lo, prev = h.le[i], c
+	}
+	return lo
+}
+
+// stageHists reads the stage histograms (runStages, and the batch size)
+// from the process's /metrics; nil when it cannot.
+func (p *proc) stageHists() map[string]promHist {
+	p.mu.Lock()
+	addr := p.http
+	p.mu.Unlock()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	want := map[string]bool{"walcast_journal_batch_size": true}
+	for _, st := range runStages {
+		want[st.metric] = true
+	}
+	byLE := map[string]map[float64]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	leRe := regexp.MustCompile(`le="([^"]+)"`)
+	for sc.Scan() {
+		line := sc.Text()
+		name, _, ok := strings.Cut(line, "_bucket{")
+		if !ok || !want[name] {
+			continue
+		}
+		m := leRe.FindStringSubmatch(line)
+		sp := strings.LastIndexByte(line, ' ')
+		if m == nil || sp < 0 {
+			continue
+		}
+		le, err1 := strconv.ParseFloat(m[1], 64)
+		v, err2 := strconv.ParseFloat(line[sp+1:], 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		if byLE[name] == nil {
+			byLE[name] = map[float64]float64{}
+		}
+		byLE[name][le] += v
+	}
+	out := map[string]promHist{}
+	for name, m := range byLE {
+		var h promHist
+		h.le = slices.Sorted(maps.Keys(m))
+		for _, le := range h.le {
+			h.counts = append(h.counts, m[le])
+		}
+		h.n = h.counts[len(h.counts)-1]
+		out[name] = h
+	}
+	return out
 }

@@ -630,6 +630,8 @@ func TestMetricsEndpoint(t *testing.T) {
 		"walcast_journal_batches_total ",
 		"walcast_journal_append_duration_seconds_bucket",
 		"walcast_journal_batch_size_bucket",
+		"walcast_replication_decode_delay_seconds_bucket",
+		"walcast_journal_queue_wait_seconds_bucket",
 		"walcast_replication_lag_time_seconds ",
 		"walcast_nats_published_total ",
 		"walcast_nats_oversize_total 0",
