@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 )
@@ -85,13 +86,14 @@ func (s *socket) refresh(tok string) {
 		s.enqueue(errorFrame("forbidden", "refresh refused: the token is for another tenant (open a new socket)", ""), nil)
 		return
 	}
-	for topic, m := range s.members {
-		if !c.Allows(topic) {
-			delete(s.members, topic)
-			s.n.leave(m)
-			s.enqueue(errorFrame("forbidden", "the refreshed token does not grant this topic; unsubscribed", topic), nil)
+	s.members = slices.DeleteFunc(s.members, func(m *member) bool {
+		if c.Allows(m.topic) {
+			return false
 		}
-	}
+		s.n.leave(m)
+		s.enqueue(errorFrame("forbidden", "the refreshed token does not grant this topic; unsubscribed", m.topic), nil)
+		return true
+	})
 	s.n.mu.Lock() // the sweep reads s.claims under n.mu
 	s.claims = c
 	s.n.mu.Unlock()

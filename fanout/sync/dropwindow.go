@@ -76,7 +76,16 @@ type tokenBucket struct {
 }
 
 func newTokenBucket(rate float64, burst int, clock Clock) *tokenBucket {
-	return &tokenBucket{rate: rate, burst: float64(burst), clock: clock, tokens: float64(burst), last: clock.Now()}
+	b := new(tokenBucket)
+	b.init(rate, burst, clock)
+	return b
+}
+
+// init sets up a bucket held by value (a socket embeds its own rather than
+// allocate one more object per socket). Call it before any take.
+func (b *tokenBucket) init(rate float64, burst int, clock Clock) {
+	b.rate, b.burst, b.clock = rate, float64(burst), clock
+	b.tokens, b.last = float64(burst), clock.Now()
 }
 
 // take takes one token. When none is left it reports false and how long

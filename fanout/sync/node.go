@@ -270,7 +270,11 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		n.accept = newTokenBucket(cfg.AcceptRate, burst, cfg.Clock)
 	}
 	n.upgrader = websocket.Upgrader{
-		ReadBufferSize:   512,
+		// Every open socket keeps its read buffer. gorilla needs it to
+		// hold a frame header and a control frame's payload (at most 125
+		// bytes); a larger message is read past it straight into the
+		// caller's buffer, so 128 bytes costs no extra reads.
+		ReadBufferSize:   128,
 		WriteBufferSize:  4096,
 		WriteBufferPool:  &sync.Pool{},
 		HandshakeTimeout: 10 * time.Second,

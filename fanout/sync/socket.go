@@ -109,22 +109,29 @@ type socket struct {
 	n      *Node
 	conn   *websocket.Conn
 	claims *Claims
-	limKey [2]string       // the client's address and subject budget keys (limits.go)
-	ctx    context.Context // ends when the socket closes
+	limKey [2]string // the client's address and subject budget keys (limits.go)
+	// ctx ends when the socket's read loop has returned. It is not derived
+	// from the node's: Close closes every socket and waits for them before
+	// it cancels the node's context, so a child would add nothing but an
+	// entry in the node's context per socket.
+	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // writer and catch-up goroutines
 
-	lastRecv atomic.Int64       // clock time (UnixNano) of the last inbound frame
-	inbound  *tokenBucket       // inbound frame budget
-	members  map[string]*member // by topic; owned by the reading goroutine
-	readDone chan struct{}      // closed when the read loop returns
-	// catchUps holds a token per catch-up holding a journal page, so one
+	lastRecv atomic.Int64 // clock time (UnixNano) of the last inbound frame
+	inbound  tokenBucket  // inbound frame budget
+	// members are the socket's subscriptions, at most maxTopicsPerSocket
+	// (a slice: most sockets follow one or a few topics, and a map would
+	// cost an idle socket 200 bytes); owned by the reading goroutine.
+	members  []*member
+	readDone signal // fired when the read loop returns
+	// catchUps holds a slot per catch-up holding a journal page, so one
 	// socket holds at most maxCatchUpPages pages (each catchUpPageBytes)
 	// outside its queue, however many topics it follows.
-	catchUps chan struct{}
-	// snapSlots holds a token per snapshot this socket is reading
+	catchUps slots
+	// snapSlots holds a slot per snapshot this socket is reading
 	// (StateConfig.PerSocket); its other snapshots wait.
-	snapSlots chan struct{}
+	snapSlots slots
 
 	mu     sync.Mutex    // guards the following fields
 	queue  []queuedFrame // outbound, queue[head:] pending, oldest first
@@ -202,27 +209,20 @@ func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
 	}
 	// Reserve the slot before the upgrade so concurrent handshakes cannot
 	// overshoot MaxConnections.
-	s := &socket{n: n, claims: claims, limKey: [2]string{key, subKey}, members: map[string]*member{}, readDone: make(chan struct{}),
-		catchUps: make(chan struct{}, maxCatchUpPages), snapSlots: make(chan struct{}, max(1, n.cfg.State.PerSocket))}
-	s.ctx, s.cancel = context.WithCancel(n.ctx)
+	s := &socket{n: n, claims: claims, limKey: [2]string{key, subKey}}
+	s.catchUps.max, s.snapSlots.max = maxCatchUpPages, max(1, n.cfg.State.PerSocket)
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.drops = DropWindow{Max: n.cfg.MaxDroppedFrames}
-	s.inbound = newTokenBucket(n.cfg.InboundRate, n.cfg.InboundBurst, n.cfg.Clock)
+	s.inbound.init(n.cfg.InboundRate, n.cfg.InboundBurst, n.cfg.Clock)
 	s.lastRecv.Store(n.cfg.Clock.Now().UnixNano())
 	n.sockets[s] = struct{}{}
 	n.conns.Add(1)
 	n.mu.Unlock()
-	forget := func() {
-		n.mu.Lock()
-		delete(n.sockets, s)
-		n.mu.Unlock()
-		n.limits.releaseSocket(key, subKey)
-		n.conns.Done()
-	}
 
 	conn, err := n.upgrader.Upgrade(w, r, nil)
 	if err != nil {
 		s.cancel()
-		forget()
+		s.forget()
 		return // the upgrader answered the request
 	}
 	if n.cfg.sndBuf > 0 {
@@ -255,53 +255,100 @@ func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
 	// state, its 4 KB read and write buffers and the request become garbage,
 	// and the reader's stack stays small. An idle socket costs this
 	// goroutine, gorilla's small read buffer and the socket's own state.
-	go func() {
-		defer forget()
-		defer n.stats.socketsOpen.Add(-1)
-		s.run()
-	}()
+	go s.run()
 }
 
-// run reads the socket until it fails or closes, then tears it down.
+// forget releases what serveSocket reserved for s: its place in the node's
+// sockets and its clients' budgets.
+func (s *socket) forget() {
+	n := s.n
+	n.mu.Lock()
+	delete(n.sockets, s)
+	n.mu.Unlock()
+	n.limits.releaseSocket(s.limKey[0], s.limKey[1])
+	n.conns.Done()
+}
+
+// run reads the socket until it fails or closes, then tears it down and
+// forgets it.
+//
+// An idle socket is this goroutine parked in gorilla's NextReader, so its
+// stack is most of what the socket costs: run and readLoop keep their
+// frames small so that the parked chain (NextReader down to the poller,
+// about 1 KB) fits the runtime's smallest stack (2 KB, of which the last
+// 928 bytes are a guard), and everything a frame causes runs on another
+// goroutine (readAside). A stack that grew once stays grown while the
+// goroutine is parked (the runtime shrinks only stacks three quarters
+// unused, guard included), so one subscribe handled here would cost the
+// socket 4 KB for good. BenchmarkSyncIdleMemory10k reports the result
+// (stack-bytes/socket).
 func (s *socket) run() {
-	reason := "client"
+	s.readLoop()
+	s.teardown()
+	s.forget()
+}
+
+// readLoop waits for each inbound message and hands it to readAside; it
+// returns when the connection fails or closes. Keep it this small (see run).
+func (s *socket) readLoop() {
 	for {
 		_, r, err := s.conn.NextReader()
-		if err != nil {
-			break
+		if err != nil || !s.readAside(r) {
+			return
 		}
-		if s.isClosing() {
-			continue // drain until the peer answers our close
-		}
-		b, err := io.ReadAll(io.LimitReader(r, int64(s.n.cfg.MaxFrameBytes)+1))
-		if err != nil {
-			break
-		}
-		now := s.n.cfg.Clock.Now()
-		s.lastRecv.Store(now.UnixNano())
-		if s.tokenExpired(now) { // between sweeps (auth_socket.go)
-			s.closeExpired()
-			continue
-		}
-		if len(b) > s.n.cfg.MaxFrameBytes {
-			s.closeWith(CloseBadFrame, "frame too large", "oversized-frame")
-			continue
-		}
+	}
+}
+
+// readAside reads and handles the message r on a short-lived goroutine and
+// waits for it (so handle keeps its single-goroutine ownership of
+// s.members: the reader does nothing else meanwhile). It reports false when
+// reading failed and the socket must stop.
+func (s *socket) readAside(r io.Reader) bool {
+	ok := make(chan bool, 1)
+	go func() { ok <- s.readMessage(r) }()
+	return <-ok
+}
+
+// readMessage reads one inbound message and applies the socket's limits to
+// it before handling it. It reports false when the connection failed.
+func (s *socket) readMessage(r io.Reader) bool {
+	if s.isClosing() {
+		return true // drain until the peer answers our close
+	}
+	b, err := io.ReadAll(io.LimitReader(r, int64(s.n.cfg.MaxFrameBytes)+1))
+	if err != nil {
+		return false
+	}
+	now := s.n.cfg.Clock.Now()
+	s.lastRecv.Store(now.UnixNano())
+	switch {
+	case s.tokenExpired(now): // between sweeps (auth_socket.go)
+		s.closeExpired()
+	case len(b) > s.n.cfg.MaxFrameBytes:
+		s.closeWith(CloseBadFrame, "frame too large", "oversized-frame")
+	default:
 		if ok, _ := s.inbound.take(); !ok {
 			s.closeWith(CloseFlood, "rate limit exceeded", "flood")
-			continue
+			return true
 		}
 		s.handle(b)
 	}
-	close(s.readDone)
+	return true
+}
+
+// teardown leaves every topic, closes the socket and waits for its writer
+// and catch-ups. The read loop has returned.
+func (s *socket) teardown() {
+	s.readDone.fire()
 	for _, m := range s.members {
 		s.n.leave(m)
 	}
 	s.members = nil
 	s.cancel()
-	s.closeWith(websocket.CloseNormalClosure, "", reason)
+	s.closeWith(websocket.CloseNormalClosure, "", "client")
 	s.wg.Wait()
 	_ = s.conn.Close()
+	s.n.stats.socketsOpen.Add(-1)
 }
 
 // clientFrame is what a client sends.
@@ -329,13 +376,35 @@ func (s *socket) handle(b []byte) {
 	case "refresh":
 		s.refresh(f.Token)
 	case "unsub":
-		if m := s.members[f.Topic]; m != nil {
-			delete(s.members, f.Topic)
+		if m := s.removeMember(f.Topic); m != nil {
 			s.n.leave(m)
 		}
 	default:
 		s.enqueue(errorFrame("bad-request", "unknown frame type "+strconv.Quote(f.T), ""), nil)
 	}
+}
+
+// member returns the socket's member for topic, or nil. Reading goroutine
+// only.
+func (s *socket) member(topic string) *member {
+	for _, m := range s.members {
+		if m.topic == topic {
+			return m
+		}
+	}
+	return nil
+}
+
+// removeMember removes and returns the socket's member for topic, or nil.
+// Reading goroutine only.
+func (s *socket) removeMember(topic string) *member {
+	for i, m := range s.members {
+		if m.topic == topic {
+			s.members = slices.Delete(s.members, i, i+1)
+			return m
+		}
+	}
+	return nil
 }
 
 // maxTopicsPerSocket bounds one socket's subscriptions.
@@ -385,8 +454,7 @@ func (s *socket) subscribe(topic, cursor string, snapshot bool) {
 			return
 		}
 	}
-	if old := s.members[topic]; old != nil {
-		delete(s.members, topic)
+	if old := s.removeMember(topic); old != nil {
 		n.leave(old)
 	} else if len(s.members) >= maxTopicsPerSocket {
 		s.enqueue(errorFrame("too-many-topics", fmt.Sprintf("a socket may follow at most %d topics", maxTopicsPerSocket), topic), nil)
@@ -457,7 +525,7 @@ func (s *socket) subscribe(topic, cursor string, snapshot bool) {
 		s.enqueue(errorFrame("unavailable", "cannot subscribe now; retry", topic), nil)
 		return
 	}
-	s.members[topic] = m
+	s.members = append(s.members, m)
 	m.t.mu.Lock()
 	if snapshot && (cursor == "" || resync) {
 		reason := ""
@@ -532,14 +600,12 @@ func (s *socket) catchUp(m *member) {
 		m.repair = false
 		t.mu.Unlock()
 
-		select {
-		case s.catchUps <- struct{}{}:
-		case <-s.ctx.Done():
+		if !s.catchUps.acquire(s.ctx) {
 			return
 		}
 		page, err := s.n.reads.read(s.ctx, m.q, epoch, from)
 		if err != nil {
-			<-s.catchUps
+			s.catchUps.release()
 			if s.ctx.Err() != nil {
 				return
 			}
@@ -554,7 +620,7 @@ func (s *socket) catchUp(m *member) {
 		t.mu.Lock()
 		if m.state != memberCatchingUp || m.pos != from || m.epoch != epoch {
 			t.mu.Unlock() // moved by a resync meanwhile: read again from there
-			<-s.catchUps
+			s.catchUps.release()
 			continue
 		}
 		if page.resync != nil {
@@ -564,7 +630,7 @@ func (s *socket) catchUp(m *member) {
 			m.epoch = page.resyncEpoch
 			m.resyncLocked(page.resync, page.resyncPos)
 			t.mu.Unlock()
-			<-s.catchUps
+			s.catchUps.release()
 			continue
 		}
 		t.mu.Unlock()
@@ -601,7 +667,7 @@ func (s *socket) catchUp(m *member) {
 				}
 			}
 		}
-		<-s.catchUps // the page is queued (or abandoned): no longer held here
+		s.catchUps.release() // the page is queued (or abandoned): no longer held here
 		t.mu.Lock()
 		if moved || m.state != memberCatchingUp {
 			t.mu.Unlock()
@@ -913,8 +979,16 @@ func (s *socket) write() {
 		nc := s.conn.NetConn()
 		_ = nc.SetWriteDeadline(time.Now().Add(s.n.cfg.WriteTimeout))
 		frames := len(bufs)
-		*bp = bufs
-		_, err := bp.WriteTo(nc) // consumes *bp
+		var err error
+		if frames == 1 {
+			// One frame (most writes: a fan-out queues one change on
+			// each socket) is a plain write; a writev would also leave
+			// an iovec array on the connection for good.
+			_, err = nc.Write(bufs[0])
+		} else {
+			*bp = bufs
+			_, err = bp.WriteTo(nc) // consumes *bp
+		}
 		clear(bufs)
 		*bp = bufs[:0]
 		writeBatchPool.Put(bp)
@@ -969,7 +1043,7 @@ func (s *socket) sendClose(code int, reason string) {
 	t := time.NewTimer(time.Second)
 	defer t.Stop()
 	select {
-	case <-s.readDone:
+	case <-s.readDone.wait():
 	case <-t.C:
 	}
 	_ = s.conn.Close()

@@ -828,11 +828,11 @@ func (s *socket) startSnapshotLocked(m *member, reason string) bool {
 // journal was reset under it.
 const snapshotAttempts = 3
 
-// acquireSnapshot waits, counted as queued, for a slot of socketSlots (a
+// acquireSnapshot waits, counted as queued, for one of socketSlots (a
 // socket's; nil for none) and then one of the node's. It returns the func
 // that releases them, or nil, counting the snapshot cancelled, when ctx
 // ends first.
-func (n *Node) acquireSnapshot(ctx context.Context, socketSlots chan struct{}) func() {
+func (n *Node) acquireSnapshot(ctx context.Context, socketSlots *slots) func() {
 	st := n.state
 	n.stats.snapshotsQueued.Add(1)
 	defer n.stats.snapshotsQueued.Add(-1)
@@ -840,18 +840,14 @@ func (n *Node) acquireSnapshot(ctx context.Context, socketSlots chan struct{}) f
 		n.snapshotEnded("cancelled", time.Time{})
 		return nil
 	}
-	if socketSlots != nil {
-		select {
-		case socketSlots <- struct{}{}:
-		case <-ctx.Done():
-			return cancelled()
-		}
+	if socketSlots != nil && !socketSlots.acquire(ctx) {
+		return cancelled()
 	}
 	select {
 	case st.sem <- struct{}{}:
 	case <-ctx.Done():
 		if socketSlots != nil {
-			<-socketSlots
+			socketSlots.release()
 		}
 		return cancelled()
 	}
@@ -860,7 +856,7 @@ func (n *Node) acquireSnapshot(ctx context.Context, socketSlots chan struct{}) f
 		st.active.Add(-1)
 		<-st.sem
 		if socketSlots != nil {
-			<-socketSlots
+			socketSlots.release()
 		}
 	}
 }
@@ -882,7 +878,7 @@ func (n *Node) readStateAgain(ctx context.Context, q journal.Query, reason strin
 // snapshot slots), then hands m to the ordinary catch-up path.
 func (s *socket) runSnapshot(ctx context.Context, m *member, j *snapJob, reason string) {
 	n := s.n
-	release := n.acquireSnapshot(ctx, s.snapSlots)
+	release := n.acquireSnapshot(ctx, &s.snapSlots)
 	if release == nil {
 		return
 	}
