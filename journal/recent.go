@@ -41,7 +41,8 @@ type recentLog struct {
 	bytes    int // envelope bytes kept
 	entries  int // entries kept
 
-	hits atomic.Uint64 // reads answered from memory (tests, metrics)
+	hits   atomic.Uint64 // reads answered from memory (tests, metrics)
+	reader atomic.Int64  // the first seq the newest ReadAfter asked for; 0: none yet
 }
 
 // recentChunk is the kept part of one append: consecutive seqs.
@@ -152,12 +153,24 @@ func (r *recentLog) add(first, next int64, entries []Entry, epoch, epochSeq int6
 	}
 }
 
+// wanted reports whether an append from seq first on is worth keeping: a
+// reader has asked for entries recently enough to be within the log's
+// reach of them. A publisher far behind (a catch-up) reads the journal
+// anyway, and copying every append for nothing would tax the catch-up; one
+// that draws near reads an append or two from the journal, then keeps up
+// from memory.
+func (r *recentLog) wanted(first int64) bool {
+	at := r.reader.Load()
+	return at > 0 && first-at <= recentMaxEntries
+}
+
 // read answers ReadAfterBytes from memory when it holds the entry after
 // after: the entries from there, bounded as the journal's read bounds them
 // (limit entries; stop before the entry whose predecessors reach maxBytes,
 // the first always included). The entries share their envelopes with other
 // readers.
 func (r *recentLog) read(after int64, limit, maxBytes int) (Log, bool) {
+	r.reader.Store(after + 1)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.floor == 0 || r.next == 0 || len(r.chunks) == 0 || after+1 < r.chunks[0].entries[0].Seq || after+1 >= r.next {

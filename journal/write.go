@@ -207,8 +207,10 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 	if err != nil {
 		return res, err
 	}
-	src := &copySource{txs: kept, next: nextSeq, base: j.cache.entities, dirty: map[string]entityState{}, resolve: resolve, keys: &j.keys, buf: j.cache.buf[:0],
-		keep: &recentBatch{}}
+	src := &copySource{txs: kept, next: nextSeq, base: j.cache.entities, dirty: map[string]entityState{}, resolve: resolve, keys: &j.keys, buf: j.cache.buf[:0]}
+	if j.recent.wanted(nextSeq) {
+		src.keep = &recentBatch{}
+	}
 	reuse := false
 	defer func() {
 		// Reuse the encoding buffer only after a successful append: after a
@@ -280,7 +282,11 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 		res.FirstSeq, res.LastSeq = nextSeq, src.next-1
 		// Before the wake-up: the publisher it wakes reads them from
 		// memory (recent.go).
-		j.recent.add(nextSeq, src.next, src.keep.done(), j.cache.epoch, j.cache.epochSeq)
+		var kept []Entry
+		if src.keep != nil {
+			kept = src.keep.done()
+		}
+		j.recent.add(nextSeq, src.next, kept, j.cache.epoch, j.cache.epochSeq)
 		// Waiters in this process (the publisher beside the replicator)
 		// learn of the commit now, not a NOTIFY round trip later.
 		j.wakeLocal(src.next-1, o.epoch)
