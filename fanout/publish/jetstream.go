@@ -201,61 +201,104 @@ func parseMsgID(id string) (journalID string, epoch, seq int64, ok bool) {
 	return parts[0], int64(e), s, true
 }
 
-// publishJS stores entries' messages (msgs[i] is entries[i]'s) in the
-// stream, chained, and waits for every acknowledgement; it returns the last
-// seq stored. On any failure it returns an error and the caller reconciles
-// before publishing again.
-func (p *Publisher) publishJS(ctx context.Context, msgs []*nats.Msg, entries []journal.Entry) (last int64, err error) {
-	defer func() {
-		if err != nil {
-			// Publishes still awaiting an acknowledgement (one lost in a
-			// leader change while the connection stayed up) would count
-			// against the pending bound until a reconnect, and stall every
-			// later publish: drop them. The reconcile that follows reads
-			// what the stream holds.
-			p.js.CleanupPublisher()
-		}
-	}()
-	futures := make([]jetstream.PubAckFuture, len(msgs))
-	start := time.Now()
+// jsBatch is a batch handed to the stream whose acknowledgements are
+// awaited later (Publisher.inflight).
+type jsBatch struct {
+	futures []jetstream.PubAckFuture // futures[i] is entries[i]'s
+	entries []journal.Entry
+	start   time.Time // the batch's first publish
+}
+
+// publishJS hands entries' messages (msgs[i] is entries[i]'s) to the
+// stream, chained, then waits for every acknowledgement of the batch handed
+// before them, and leaves this one in flight: the stream stores one batch
+// while the publisher reads and sends the next, instead of idling for a
+// round trip per batch. At most two batches are awaited at once, within
+// the async pending bound (initJetStream), so a publish never stalls in
+// nats.go.
+//
+// The published position advances only over a batch whose every message
+// was acknowledged. On any failure it returns an error; the caller drops
+// what is in flight (abandon) and reconciles with the stream before
+// publishing again. The chain keeps that exact: a message of the later
+// batch can be stored only right after its predecessor, and one the
+// stream already holds is a duplicate of its Nats-Msg-Id.
+func (p *Publisher) publishJS(ctx context.Context, msgs []*nats.Msg, entries []journal.Entry) error {
+	b := &jsBatch{futures: make([]jetstream.PubAckFuture, len(msgs)), entries: entries, start: time.Now()}
 	for i, m := range msgs {
-		var opt jetstream.PublishOpt
+		// The expectation is set as a header here rather than with a
+		// publish option, which would cost an option closure and a
+		// pubOpts per message.
 		if p.jsLastID != "" {
-			opt = jetstream.WithExpectLastMsgID(p.jsLastID)
+			m.Header[jetstream.ExpectedLastMsgIDHeader] = []string{p.jsLastID}
 		} else {
-			opt = jetstream.WithExpectLastSequence(p.jsLastSeq)
+			m.Header[jetstream.ExpectedLastSeqHeader] = []string{strconv.FormatUint(p.jsLastSeq, 10)}
 		}
-		f, err := p.js.PublishMsgAsync(m, opt)
+		f, err := p.js.PublishMsgAsync(m)
 		if err != nil {
-			return 0, fmt.Errorf("publish seq %d to JetStream: %w", entries[i].Seq, err)
+			return fmt.Errorf("publish seq %d to JetStream: %w", entries[i].Seq, err)
 		}
-		futures[i] = f
+		b.futures[i] = f
 		p.jsLastID = m.Header.Get(bus.HeaderMsgID)
 	}
+	prev := p.inflight
+	p.inflight = b
+	if prev != nil {
+		return p.awaitJS(ctx, prev)
+	}
+	return nil
+}
+
+// jsExpectRoom is the most bytes the expectation header publishJS adds to
+// a message takes in its header block: the id of the message before it (this
+// journal's id, an epoch and a seq of at most 19 digits) or the stream's
+// last sequence (at most 20 digits).
+func (p *Publisher) jsExpectRoom() int {
+	id := len(jetstream.ExpectedLastMsgIDHeader) + len(": ") + len(p.id) + len(":") + 16 + len(":") + 19 + len("\r\n")
+	seq := len(jetstream.ExpectedLastSeqHeader) + len(": ") + 20 + len("\r\n")
+	return max(id, seq)
+}
+
+// settle waits for the acknowledgements of the batch in flight, if any.
+// Whatever does not publish the next batch straight away settles first: a
+// catch-up, an epoch change, a skip over pruned entries.
+func (p *Publisher) settle(ctx context.Context) error {
+	b := p.inflight
+	if b == nil {
+		return nil
+	}
+	p.inflight = nil
+	return p.awaitJS(ctx, b)
+}
+
+// awaitJS waits for every acknowledgement of b, in order, and then moves
+// the published position to its last seq.
+func (p *Publisher) awaitJS(ctx context.Context, b *jsBatch) error {
 	timer := time.NewTimer(p.cfg.JetStream.AckTimeout)
 	defer timer.Stop()
-	for i, f := range futures {
+	for i, f := range b.futures {
 		select {
 		case <-f.Ok():
 			// Acknowledgements come in order: each one covers its
 			// predecessors (they are chained), so the stream holds every
 			// entry up to this one.
-			p.jsm.acked.Store(entries[i].Seq)
-			p.jsm.acknowledged(ctx, entries[i].CommitTime)
+			p.jsm.acked.Store(b.entries[i].Seq)
+			p.jsm.acknowledged(ctx, b.entries[i].CommitTime)
 		case err := <-f.Err():
-			return 0, fmt.Errorf("JetStream did not store seq %d: %w", entries[i].Seq, err)
+			return fmt.Errorf("JetStream did not store seq %d: %w", b.entries[i].Seq, err)
 		case <-timer.C:
-			return 0, fmt.Errorf("JetStream acknowledged none of seq %d and later within %s", entries[i].Seq, p.cfg.JetStream.AckTimeout)
+			return fmt.Errorf("JetStream acknowledged none of seq %d and later within %s", b.entries[i].Seq, p.cfg.JetStream.AckTimeout)
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return ctx.Err()
 		}
 	}
-	took := time.Since(start)
+	took := time.Since(b.start)
 	p.ackLatency.Store(int64(took))
 	if h := p.jsm.ackLatency; h != nil {
 		h.Record(ctx, took.Seconds())
 	}
-	return entries[len(entries)-1].Seq, nil
+	p.published.Store(b.entries[len(b.entries)-1].Seq)
+	return nil
 }
 
 // prepareJS finds or creates the stream and, after a start or a failure,
@@ -299,9 +342,11 @@ func (p *Publisher) initJetStream() error {
 	if p.cfg.JetStream.DuplicateWindow < MinDuplicateWindow {
 		return fmt.Errorf("publish: a JetStream duplicate window of %s is under %s (fix: --jetstream-duplicate-window 2m)", p.cfg.JetStream.DuplicateWindow, MinDuplicateWindow)
 	}
-	// Publishes whose acknowledgement is lost while the connection stays
-	// up would stay pending in nats.go until a reconnect; publishJS drops
-	// them after any failure (CleanupPublisher), before reconciling.
+	// Two batches are in flight at most (publishJS), so no publish waits
+	// for room. Publishes whose acknowledgement is lost while the
+	// connection stays up would stay pending in nats.go until a
+	// reconnect; Run drops them after any failure (abandon), before
+	// reconciling.
 	js, err := jetstream.New(p.nc, jetstream.WithPublishAsyncMaxPending(2*p.cfg.BatchSize))
 	if err != nil {
 		return fmt.Errorf("publish: JetStream: %w", err)

@@ -85,8 +85,14 @@ type Publisher struct {
 	epochKnown bool         // owned by Run
 	posSent    int64        // the position last published on bus.PositionSubject; owned by Run
 
+	// ahead is the journal read of the next batch, started while the
+	// current one is published (readAhead); nil when none is under way.
+	// Owned by Run, which waits for it before returning.
+	ahead *readAhead
+
 	// JetStream mode (jetstream.go); owned by Run.
 	js          jetstream.JetStream
+	inflight    *jsBatch // the batch handed to the stream whose acknowledgements are not yet awaited
 	stream      jetstream.Stream
 	jsReconcile bool         // reconcile with the stream before publishing
 	jsLastID    string       // message id the next publish chains on ("" : jsLastSeq)
@@ -97,6 +103,7 @@ type Publisher struct {
 	count       atomic.Uint64
 	oversize    atomic.Uint64
 
+	mc       msgCache                           // strings entries share (message); owned by Run
 	byEntity *decoder.Counters                  // published by entity and op, read by metrics
 	counts   map[string]*decoder.EntityCounters // byEntity's entries by entity; owned by Run
 	tracer   trace.Tracer
@@ -224,6 +231,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 		// Whatever was handed to NATS after the last flushed position may
 		// be lost with the connection: start again from there (copies carry
 		// the same Msg-Id).
+		p.abandon()
 		pos = p.savedPos
 		p.published.Store(pos)
 		p.jsReconcile = p.js != nil
@@ -236,6 +244,13 @@ func (p *Publisher) Run(ctx context.Context) error {
 			break
 		}
 	}
+	// The read ahead is waited for (its goroutine is Run's); a JetStream
+	// batch whose acknowledgements were not awaited does not count: the
+	// next start reconciles with the stream.
+	p.abandon()
+	if p.js != nil {
+		pos = p.published.Load() // acknowledged by the stream
+	}
 	if loaded && !failing && p.savedPos < pos {
 		// Stopping: save the position reached (it is saved only every
 		// RecordInterval while running), so a restart republishes nothing
@@ -247,10 +262,81 @@ func (p *Publisher) Run(ctx context.Context) error {
 	return nil
 }
 
+// abandon drops what is under way, after a failure or when Run stops: the
+// read ahead (waited for), and in JetStream mode the in-flight batch and
+// every publish nats.go still awaits an acknowledgement for — one lost in a
+// leader change while the connection stayed up would count against the
+// pending bound until a reconnect and stall every later publish. The
+// reconcile that follows reads what the stream holds, whatever of the
+// dropped publishes it stored.
+func (p *Publisher) abandon() {
+	p.dropAhead()
+	if p.js != nil {
+		p.inflight = nil
+		if p.js.PublishAsyncPending() > 0 {
+			p.js.CleanupPublisher()
+		}
+	}
+}
+
+// readAhead is a journal read of the batch after a position, run by its own
+// goroutine while the batch before it is published, so the journal query
+// and the publishing overlap. There is at most one (Publisher.ahead): with
+// the batch being published, at most two batches are read and not yet
+// handed to NATS.
+type readAhead struct {
+	after  int64
+	cancel context.CancelFunc
+	done   chan struct{} // closed when lg and err are set
+	lg     journal.Log
+	err    error
+}
+
+// startReadAhead starts reading the batch after seq.
+func (p *Publisher) startReadAhead(ctx context.Context, after int64) {
+	actx, cancel := context.WithCancel(ctx)
+	a := &readAhead{after: after, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		a.lg, a.err = p.j.ReadAfterBytes(actx, after, p.cfg.BatchSize, p.cfg.BatchBytes)
+	}()
+	p.ahead = a
+}
+
+// dropAhead cancels the read ahead, if any, and waits for its goroutine.
+func (p *Publisher) dropAhead() {
+	if a := p.ahead; a != nil {
+		p.ahead = nil
+		a.cancel()
+		<-a.done
+	}
+}
+
+// read returns the batch after pos: the read ahead when it was of pos (it
+// started after every read whose result was used, so reads are used in the
+// order they were made and an epoch change is never seen undone), else a
+// read now.
+func (p *Publisher) read(ctx context.Context, pos int64) (journal.Log, error) {
+	if a := p.ahead; a != nil && a.after == pos {
+		p.ahead = nil
+		defer a.cancel()
+		select {
+		case <-a.done:
+			return a.lg, a.err
+		case <-ctx.Done():
+			a.cancel()
+			<-a.done
+			return journal.Log{}, ctx.Err()
+		}
+	}
+	p.dropAhead()
+	return p.j.ReadAfterBytes(ctx, pos, p.cfg.BatchSize, p.cfg.BatchBytes)
+}
+
 // step publishes one batch after pos, or waits for new entries, and returns
 // the new position.
 func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
-	lg, err := p.j.ReadAfterBytes(ctx, pos, p.cfg.BatchSize, p.cfg.BatchBytes)
+	lg, err := p.read(ctx, pos)
 	if err != nil {
 		return pos, err
 	}
@@ -258,7 +344,12 @@ func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
 	if p.epochKnown && lg.Epoch != p.epoch && pos >= lg.EpochSeq {
 		// The journal's history was reset (a restore, a lost tail, a
 		// recreated slot): from the new epoch's first seq on, entries
-		// are not the ones this position counted. Publish them.
+		// are not the ones this position counted. Publish them, once
+		// the stream has acknowledged what is in flight (the saved
+		// position moves back below).
+		if err := p.settle(ctx); err != nil {
+			return pos, err
+		}
 		p.log.Warn("the journal's epoch changed; publishing the new epoch from its first entry",
 			"epoch", journal.EpochHex(lg.Epoch), "first_seq", lg.EpochSeq, "was_at", pos)
 		p.epoch = lg.Epoch
@@ -274,11 +365,18 @@ func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
 	}
 	if len(lg.Entries) == 0 {
 		if lg.Horizon > pos && pos < lg.Floor-1 {
+			if err := p.settle(ctx); err != nil {
+				return pos, err
+			}
 			return lg.Floor - 1, p.j.SetPublished(ctx, lg.Floor-1)
 		}
 		return pos, p.caughtUp(ctx, pos, lg.Horizon)
 	}
 	last := lg.Entries[len(lg.Entries)-1].Seq
+	if last < lg.Horizon {
+		// More is journaled: read it while this batch is published.
+		p.startReadAhead(ctx, last)
+	}
 	sctx, span := p.tracer.Start(ctx, spanPublish, trace.WithAttributes(
 		attribute.Int("walcast.entries", len(lg.Entries)),
 		attribute.Int64("walcast.seq.first", lg.Entries[0].Seq),
@@ -315,6 +413,9 @@ func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
 // (republished copies carry the same Msg-Id), so saving it at most every
 // RecordInterval changes nothing a subscriber sees.
 func (p *Publisher) caughtUp(ctx context.Context, pos, horizon int64) error {
+	if err := p.settle(ctx); err != nil {
+		return err
+	}
 	if err := p.position(pos); err != nil {
 		return err
 	}
@@ -339,11 +440,17 @@ func (p *Publisher) caughtUp(ctx context.Context, pos, horizon int64) error {
 	return nil
 }
 
-// publish hands entries to NATS and returns the new position; the span of
-// the batch is in ctx.
+// publish hands entries to NATS and returns the position to read after
+// (the last seq handed); the span of the batch is in ctx. In JetStream mode
+// the published position moves only as far as the stream has acknowledged
+// (publishJS leaves this batch in flight), so a position message or a
+// saved position never counts an entry the stream may not hold.
 func (p *Publisher) publish(ctx context.Context, pos int64, entries []journal.Entry) (int64, error) {
 	max := int(p.nc.MaxPayload())
 	var msgs []*nats.Msg
+	if p.js != nil {
+		msgs = make([]*nats.Msg, 0, len(entries))
+	}
 	for i := range entries {
 		msg, over, err := p.message(&entries[i], max)
 		if err != nil {
@@ -360,22 +467,25 @@ func (p *Publisher) publish(ctx context.Context, pos int64, entries []journal.En
 			p.oversize.Add(1)
 		}
 	}
+	last := entries[len(entries)-1].Seq
+	done := last // the position the server has (core NATS: once flushed)
 	if p.js != nil {
-		if _, err := p.publishJS(ctx, msgs, entries); err != nil {
+		if err := p.publishJS(ctx, msgs, entries); err != nil {
 			return pos, err
 		}
+		done = p.published.Load()
+	} else {
+		p.published.Store(last)
 	}
-	last := entries[len(entries)-1].Seq
-	p.published.Store(last)
-	if err := p.position(last); err != nil {
+	if err := p.position(done); err != nil {
 		return pos, err
 	}
 	// The position recorded in the journal is only where a restarted
 	// publisher resumes (republished copies carry the same Msg-Id), so it is
-	// saved at most every RecordInterval, after a flush proves the server
-	// has everything up to it.
-	if time.Since(p.recorded) >= p.cfg.RecordInterval {
-		if err := p.record(ctx, last); err != nil {
+	// saved at most every RecordInterval, after a flush or the stream's
+	// acknowledgements prove the server has everything up to it.
+	if done > p.savedPos && time.Since(p.recorded) >= p.cfg.RecordInterval {
+		if err := p.record(ctx, done); err != nil {
 			return pos, err
 		}
 	}
@@ -438,28 +548,45 @@ func (p *Publisher) record(ctx context.Context, seq int64) error {
 // goes out as a reference envelope without row data; one whose reference
 // is still too large (huge names) as a minimal reference. Subject and
 // headers are bounded (fanout/bus), so every entry yields a message the
-// server takes and no entry can stall the publisher.
+// server takes and no entry can stall the publisher. In JetStream mode the
+// room left counts the expectation header publishJS adds.
+//
+// It runs once per entry, so it allocates little: the strings entries share
+// (subject, epoch, commit LSN) come from p.mc, the header values share one
+// array, and Walcast-Seq is the end of the Nats-Msg-Id string.
 func (p *Publisher) message(e *journal.Entry, max int) (*nats.Msg, bool, error) {
-	m := nats.NewMsg(bus.Subject(p.cfg.Prefix, e.Op, e.Entity, e.Tenant, e.HasTenant))
-	epoch := journal.EpochHex(e.Epoch)
-	m.Header.Set(bus.HeaderMsgID, p.id+":"+epoch+":"+strconv.FormatInt(e.Seq, 10))
-	m.Header.Set(bus.HeaderEpoch, epoch)
-	m.Header.Set(bus.HeaderSeq, strconv.FormatInt(e.Seq, 10))
-	m.Header.Set(bus.HeaderEntitySeq, strconv.FormatInt(e.EntitySeq, 10))
+	subject := p.mc.subject(p.cfg.Prefix, e)
+	epoch := p.mc.epochHex(e.Epoch)
+	var buf [96]byte
+	b := append(buf[:0], p.id...)
+	b = append(b, ':')
+	b = append(b, epoch...)
+	b = append(b, ':')
+	n := len(b)
+	b = strconv.AppendInt(b, e.Seq, 10)
+	id := string(b)
+	h := newHeaders()
+	h.set(bus.HeaderMsgID, id)
+	h.set(bus.HeaderEpoch, epoch)
+	h.set(bus.HeaderSeq, id[n:])
+	h.set(bus.HeaderEntitySeq, strconv.FormatInt(e.EntitySeq, 10))
 	if len(e.Entity) <= bus.MaxHeaderValueBytes {
-		m.Header.Set(bus.HeaderEntity, e.Entity)
+		h.set(bus.HeaderEntity, e.Entity)
 	}
-	m.Header.Set(bus.HeaderCommitLSN, e.CommitLSN.String())
+	h.set(bus.HeaderCommitLSN, p.mc.lsnText(e.CommitLSN))
 	if e.HasTenant && len(e.Tenant) <= bus.MaxHeaderValueBytes {
-		m.Header.Set(bus.HeaderTenant, e.Tenant)
+		h.set(bus.HeaderTenant, e.Tenant)
 	}
 	if e.TenantUnknown {
-		m.Header.Set(bus.HeaderTenantUnknown, "true")
+		h.set(bus.HeaderTenantUnknown, "true")
 	}
-	m.Data = e.Envelope
+	m := &nats.Msg{Subject: subject, Header: h.h, Data: e.Envelope}
 	// Headers and subject count against the payload limit too; leave them
 	// room.
-	room := max - len(m.Subject) - headerSize(m.Header)
+	room := max - len(m.Subject) - h.size
+	if p.js != nil {
+		room -= p.jsExpectRoom()
+	}
 	if len(m.Data) <= room {
 		return m, false, nil
 	}
@@ -476,14 +603,77 @@ func (p *Publisher) message(e *journal.Entry, max int) (*nats.Msg, bool, error) 
 	return m, true, nil
 }
 
-func headerSize(h nats.Header) int {
-	n := 16 // "NATS/1.0\r\n" and the final CRLF
-	for k, vs := range h {
-		for _, v := range vs {
-			n += len(k) + len(v) + 4
-		}
+// headers builds a message's header map with one array for its values;
+// size is the encoded header block's length in bytes (as nats.go encodes
+// it, before it trims values, so never less).
+type headers struct {
+	h    nats.Header
+	vals []string
+	size int
+}
+
+// newHeaders has room for the headers of most entries (message sets six to
+// eight; the map then needs no growing).
+func newHeaders() headers {
+	return headers{h: make(nats.Header, 8), vals: make([]string, 0, 8),
+		size: len("NATS/1.0\r\n") + len("\r\n")}
+}
+
+func (h *headers) set(k, v string) {
+	h.vals = append(h.vals, v)
+	n := len(h.vals)
+	h.h[k] = h.vals[n-1 : n : n] // capacity 1: appending to one value never overwrites the next
+	h.size += len(k) + len(": ") + len(v) + len("\r\n")
+}
+
+// msgCache keeps the strings consecutive entries share, so that message
+// builds them once per run of entries rather than once per entry: the
+// subject (by op, entity and tenant; at most maxSubjects kept), the epoch's
+// hex and the commit LSN's text (a transaction's entries share it). Owned by
+// Run.
+type msgCache struct {
+	subjects map[subjectKey]string
+	epoch    int64
+	epochStr string
+	lsn      decoder.LSN
+	lsnStr   string
+}
+
+type subjectKey struct {
+	op             decoder.Op
+	entity, tenant string
+	hasTenant      bool
+}
+
+// maxSubjects bounds msgCache's subjects: entities are bounded by the
+// publication, tenants are not.
+const maxSubjects = 4096
+
+func (c *msgCache) subject(prefix string, e *journal.Entry) string {
+	k := subjectKey{e.Op, e.Entity, e.Tenant, e.HasTenant}
+	if s, ok := c.subjects[k]; ok {
+		return s
 	}
-	return n
+	s := bus.Subject(prefix, e.Op, e.Entity, e.Tenant, e.HasTenant)
+	if c.subjects == nil || len(c.subjects) >= maxSubjects {
+		c.subjects = make(map[subjectKey]string) // only a cache: start again
+	}
+	c.subjects[k] = s
+	return s
+}
+
+func (c *msgCache) epochHex(e int64) string {
+	if c.epochStr == "" || c.epoch != e {
+		c.epoch, c.epochStr = e, journal.EpochHex(e)
+	}
+	return c.epochStr
+}
+
+func (c *msgCache) lsnText(l decoder.LSN) string {
+	if c.lsnStr == "" || c.lsn != l {
+		c.lsn, c.lsnStr = l, l.String()
+	}
+	return c.lsnStr
 }
 
 // referenceEnvelope drops the row data of an envelope and marks it oversize;
