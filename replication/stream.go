@@ -149,6 +149,20 @@ func (l *streamLoop) run(ctx context.Context) error {
 	l.lastRecv = now
 	l.nextStatus = now
 	silence := 2 * l.statusEvery
+	// One receive context serves every message until its deadline (a
+	// status update due, or the server silent too long) passes or the
+	// writer's new watermark cancels it (wake): a context and its timer per
+	// message were a few percent of a catch-up's CPU. A deadline computed
+	// before later messages moved lastRecv or nextStatus is only early,
+	// which costs one more turn of the loop.
+	var rctx context.Context
+	var cancel context.CancelFunc
+	defer func() {
+		if cancel != nil {
+			l.wake.disarm()
+			cancel()
+		}
+	}()
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -187,15 +201,19 @@ func (l *streamLoop) run(ctx context.Context) error {
 			l.lastRecv = time.Now() // silence is ours, not the server's
 			continue
 		}
-		deadline := l.nextStatus
-		if d := l.lastRecv.Add(silence); d.Before(deadline) {
-			deadline = d
+		if rctx == nil || rctx.Err() != nil {
+			if cancel != nil {
+				l.wake.disarm()
+				cancel()
+			}
+			deadline := l.nextStatus
+			if d := l.lastRecv.Add(silence); d.Before(deadline) {
+				deadline = d
+			}
+			rctx, cancel = context.WithDeadline(ctx, deadline)
+			l.wake.arm(cancel)
 		}
-		rctx, cancel := context.WithDeadline(ctx, deadline)
-		l.wake.arm(cancel)
 		msg, err := l.conn.ReceiveMessage(rctx)
-		l.wake.disarm()
-		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
