@@ -157,3 +157,51 @@ func BenchmarkRead(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkReadAfter is the publisher's read: a 20,000-entry journal read
+// with ReadAfterBytes in batches of 1,000 (from the journal, not the recent
+// log), beside a bare COPY of the same rows' columns out of the entries
+// table — the most a read of them could do. Reported: entries/s of each and
+// their ratio.
+func BenchmarkReadAfter(b *testing.B) {
+	j, gen, url := newJournal(b)
+	ctx := context.Background()
+	var lsn decoder.LSN
+	const total = 20000
+	for k := 0; k < total/1000; k++ {
+		if _, err := j.Append(ctx, gen, benchBatch(1000, &lsn)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reader := openAt(b, url) // never appends: every read goes to the journal
+	conn, err := j.pool.acquire(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer j.pool.release(conn)
+	var readT, copyT time.Duration
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		for pos := int64(0); pos < total; {
+			lg, err := reader.ReadAfterBytes(ctx, pos, 1000, 0)
+			if err != nil || len(lg.Entries) == 0 {
+				b.Fatalf("read after %d: %v (%d entries)", pos, err, len(lg.Entries))
+			}
+			pos = lg.Entries[len(lg.Entries)-1].Seq
+		}
+		readT += time.Since(start)
+		start = time.Now()
+		for pos := int64(0); pos < total; pos += 1000 {
+			sql := fmt.Sprintf("COPY (SELECT seq, entity, entity_seq, tenant, tenant_unknown, op, lsn, commit_lsn, commit_time, envelope FROM %s WHERE seq > %d AND seq <= %d ORDER BY seq) TO STDOUT (FORMAT binary)",
+				j.sql.entries, pos, pos+1000)
+			if _, err := conn.PgConn().CopyTo(ctx, io.Discard, sql); err != nil {
+				b.Fatal(err)
+			}
+		}
+		copyT += time.Since(start)
+	}
+	n := float64(b.N * total)
+	b.ReportMetric(n/readT.Seconds(), "read-env/s")
+	b.ReportMetric(n/copyT.Seconds(), "copy-env/s")
+	b.ReportMetric(copyT.Seconds()/readT.Seconds(), "read/copy")
+}

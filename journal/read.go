@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/walcast/walcast/decoder"
 )
 
@@ -333,12 +335,14 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, epoch
 // entryCols is one entries row read through a LEFT JOIN, so every column may
 // be NULL (no entry after the start). The selected columns must be, in
 // order: seq, entity, entity_seq, tenant, tenant_unknown, op, lsn,
-// commit_lsn, commit_time, envelope.
+// commit_lsn, commit_time, envelope. The pgtype values scan without an
+// allocation per column (pointers to pointers allocate one per row each),
+// which was most of a read's client-side cost.
 type entryCols struct {
-	seq, entitySeq, lsn, commitLSN *int64
-	entity, tenant, op             *string
-	unknown                        *bool
-	commitTime                     *time.Time
+	seq, entitySeq, lsn, commitLSN pgtype.Int8
+	entity, tenant, op             pgtype.Text
+	unknown                        pgtype.Bool
+	commitTime                     pgtype.Timestamptz
 	env                            []byte
 }
 
@@ -348,13 +352,13 @@ func (c *entryCols) dest() []any {
 
 // entry converts the row; false for the LEFT JOIN's empty row.
 func (c *entryCols) entry() (Entry, bool) {
-	if c.seq == nil {
+	if !c.seq.Valid {
 		return Entry{}, false
 	}
-	e := Entry{Seq: *c.seq, Entity: *c.entity, EntitySeq: *c.entitySeq, TenantUnknown: *c.unknown, Op: decoder.Op(*c.op),
-		LSN: decoder.LSN(*c.lsn), CommitLSN: decoder.LSN(*c.commitLSN), CommitTime: *c.commitTime, Envelope: c.env}
-	if c.tenant != nil {
-		e.Tenant, e.HasTenant = *c.tenant, true
+	e := Entry{Seq: c.seq.Int64, Entity: c.entity.String, EntitySeq: c.entitySeq.Int64, TenantUnknown: c.unknown.Bool, Op: decoder.Op(c.op.String),
+		LSN: decoder.LSN(c.lsn.Int64), CommitLSN: decoder.LSN(c.commitLSN.Int64), CommitTime: c.commitTime.Time, Envelope: c.env}
+	if c.tenant.Valid {
+		e.Tenant, e.HasTenant = c.tenant.String, true
 	}
 	return e, true
 }
