@@ -12,8 +12,8 @@ import (
 	"github.com/walcast/walcast/decoder"
 )
 
-// BenchmarkAppendBreakdown splits the cost of appending a 1,000-envelope
-// batch over the same pre-encoded COPY data, interleaved so that machine
+// BenchmarkAppendBreakdown splits the cost of appending a batch of 1 or
+// 1,000 envelopes over the same pre-encoded COPY data, interleaved so that machine
 // noise hits every step alike:
 //
 //	bare:     COPY into an unindexed table (the baseline)
@@ -29,6 +29,14 @@ import (
 //
 // Each is reported in envelopes/s and as a fraction of bare.
 func BenchmarkAppendBreakdown(b *testing.B) {
+	// batch=1 is the steady low-latency case (an append per transaction),
+	// batch=1000 a busy one.
+	for _, n := range []int{1, 1000} {
+		b.Run("batch="+strconv.Itoa(n), func(b *testing.B) { appendBreakdown(b, n) })
+	}
+}
+
+func appendBreakdown(b *testing.B, n int) {
 	j, gen, _ := newJournal(b)
 	ctx := context.Background()
 	conn, err := j.pool.acquire(ctx)
@@ -92,7 +100,7 @@ func BenchmarkAppendBreakdown(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		txs := benchBatch(1000, &lsn)
+		txs := benchBatch(n, &lsn)
 		data := copyData(txs, seq)
 		runtime.GC()
 		b.StartTimer()
@@ -108,10 +116,10 @@ func BenchmarkAppendBreakdown(b *testing.B) {
 			}
 			times[k] += time.Since(start)
 		}
-		seq += 1000
+		seq += int64(n)
 	}
 	b.StopTimer()
-	env := float64(b.N * 1000)
+	env := float64(b.N * n)
 	names := []string{"bare", "pkey", "txn", "lock", "meta", "seqs", "notify", "journal"}
 	for k, name := range names {
 		b.ReportMetric(env/times[k].Seconds(), name+"-env/s")
