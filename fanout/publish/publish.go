@@ -34,11 +34,15 @@ import (
 type Config struct {
 	Prefix string // subject prefix; default "walcast"
 	// BatchSize is the most entries read and published before one flush and
-	// one published-position update; default 1000.
+	// one published-position update; default 1000. In JetStream mode at
+	// most two batches (2 × BatchSize messages) await acknowledgements.
 	BatchSize int
 	// BatchBytes bounds the envelope bytes of one batch read from the
 	// journal (the first entry is always read, so a batch holds at most
-	// BatchBytes plus one envelope); default 4 MiB.
+	// BatchBytes plus one envelope); default 4 MiB. The publisher holds
+	// at most two batches: while catching up, the one being published
+	// and the next, read ahead (core NATS) or in flight to the stream
+	// (JetStream).
 	BatchBytes int
 	// FlushTimeout bounds waiting for the server to acknowledge a batch
 	// (a NATS PING/PONG round trip); default 5s.
@@ -280,10 +284,11 @@ func (p *Publisher) abandon() {
 }
 
 // readAhead is a journal read of the batch after a position, run by its own
-// goroutine while the batch before it is published, so the journal query
-// and the publishing overlap. There is at most one (Publisher.ahead): with
-// the batch being published, at most two batches are read and not yet
-// handed to NATS.
+// goroutine while the batch before it is published to core NATS, so the
+// journal query and the publishing overlap. There is at most one
+// (Publisher.ahead): with the batch being published, at most two batches
+// (2 × BatchBytes, plus one envelope each) are read and not yet handed to
+// NATS.
 type readAhead struct {
 	after  int64
 	cancel context.CancelFunc
@@ -373,8 +378,12 @@ func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
 		return pos, p.caughtUp(ctx, pos, lg.Horizon)
 	}
 	last := lg.Entries[len(lg.Entries)-1].Seq
-	if last < lg.Horizon {
-		// More is journaled: read it while this batch is published.
+	if last < lg.Horizon && p.js == nil {
+		// More is journaled: read it while this batch is published. Not
+		// in JetStream mode: there the next read already overlaps the
+		// stream storing this batch (publishJS leaves it in flight), a
+		// read ahead measured no faster, and memory stays at two
+		// batches.
 		p.startReadAhead(ctx, last)
 	}
 	sctx, span := p.tracer.Start(ctx, spanPublish, trace.WithAttributes(
