@@ -333,38 +333,3 @@ func TestSyncSlowDrainingClientRecovers(t *testing.T) {
 	}
 	t.Logf("%d changes, %d drops, %d replay-gaps", len(want), s.FramesDropped, s.ReplayGaps)
 }
-
-// TestSyncPartialWriteCompletes: a change larger than the kernel takes at
-// once, delivered to an idle socket (release's non-blocking write), is
-// finished by the socket's writer: the client reads it whole and in order
-// with the next; a socket closed with such a frame unfinished sends the
-// whole of it and then a well-formed close frame.
-func TestSyncPartialWriteCompletes(t *testing.T) {
-	e := newSyncEnv(t, func(c *Config) { c.sndBuf = 4096 })
-	c, _, err := e.dialFrom("127.0.0.1", token(t, []string{orders}, "", time.Hour), 4096)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.sub(orders, "")
-	c.expect("subscribed")
-	e.topicLive(orders, 1)
-	e.commit(row{entity: orders, op: decoder.OpInsert, id: 1, pad: 200000})
-	waitFor(t, "a frame written in part", func() bool { return e.node.stats.partialWrites.Load() > 0 })
-	e.commit(row{entity: orders, op: decoder.OpInsert, id: 2, pad: 100})
-	got := c.expectChanges(2)
-	if got[0].env.Seq >= got[1].env.Seq {
-		t.Fatalf("changes out of order: %d then %d", got[0].env.Seq, got[1].env.Seq)
-	}
-	// A frame begun in part and unfinished when the socket closes (the
-	// client's invalid frame closes it with 1008).
-	e.commit(row{entity: orders, op: decoder.OpInsert, id: 3, pad: 200000})
-	waitFor(t, "another frame written in part", func() bool { return e.node.stats.partialWrites.Load() > 1 })
-	if err := c.c.WriteMessage(websocket.TextMessage, []byte("not json")); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the socket closing", func() bool { return e.node.Stats().Closed["invalid-frame"] > 0 })
-	c.expectChanges(1)
-	if code, _ := c.expectClose(); code != CloseBadFrame {
-		t.Fatalf("close code %d, want %d", code, CloseBadFrame)
-	}
-}

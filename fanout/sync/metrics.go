@@ -23,12 +23,9 @@ type syncStats struct {
 	// reserve was full (tests).
 	controlOverflows atomic.Int64
 	lagCloses        atomic.Int64 // sockets closed for MaxLag (tests)
-	// partialWrites counts frames release's non-blocking write left part
-	// written for the writer to finish (tests).
-	partialWrites  atomic.Int64
-	epochChanges   atomic.Int64 // journal epoch changes the node followed
-	epochIgnored   atomic.Int64 // messages of another epoch ignored
-	positionsMoved atomic.Int64 // member positions moved by publisher positions (tests)
+	epochChanges     atomic.Int64 // journal epoch changes the node followed
+	epochIgnored     atomic.Int64 // messages of another epoch ignored
+	positionsMoved   atomic.Int64 // member positions moved by publisher positions (tests)
 	// snapshotsQueued counts snapshots asked for and waiting for a slot
 	// (the socket's or the node's --max-concurrent-snapshots); the running
 	// ones and their rows are stateSource.active and .rows.

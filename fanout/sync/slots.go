@@ -11,8 +11,8 @@ import (
 // The zero value with max set is ready; max 0 means one.
 type slots struct {
 	mu    sync.Mutex // guards the following fields
-	max   int32      // int32s: every socket holds two slots
-	held  int32
+	max   int
+	held  int
 	freed chan struct{} // closed by the next release; nil while nobody waits
 }
 

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"os"
@@ -145,21 +144,15 @@ type socket struct {
 	writingAt int64
 	gapsAt    int64
 	// broken: a write failed part way, so no close frame can follow.
-	broken bool
-	// rest is a frame taken off the queue that a non-blocking write
-	// (release) wrote part of, from restOff on; nil when none. The writer
-	// sends it before anything else, a close frame included (it is not
-	// queued, so closing keeps it). Its size stays in queued until then.
-	rest    *frame
-	restOff int
+	broken  bool
 	writing bool
 	// held: live frames are queued and the writer's start waits for the
 	// end of the NATS burst they came in (liveBurst); the socket is in
 	// that burst's list.
 	held bool
-	// wroteAt is when the writer last finished a write (monoNow, not
+	// wroteAt is when the writer last finished a write (time.Now, not
 	// the node's Clock: it paces syscalls); zero before the first.
-	wroteAt     int64
+	wroteAt     time.Time
 	room        chan struct{} // closed by the writer when it frees bytes; nil when nobody waits
 	gaps        []socketGap
 	drops       DropWindow
@@ -217,7 +210,7 @@ func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
 	// Reserve the slot before the upgrade so concurrent handshakes cannot
 	// overshoot MaxConnections.
 	s := &socket{n: n, claims: claims, limKey: [2]string{key, subKey}}
-	s.catchUps.max, s.snapSlots.max = maxCatchUpPages, int32(min(max(1, n.cfg.State.PerSocket), math.MaxInt32))
+	s.catchUps.max, s.snapSlots.max = maxCatchUpPages, max(1, n.cfg.State.PerSocket)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.drops = DropWindow{Max: n.cfg.MaxDroppedFrames}
 	s.inbound.init(n.cfg.InboundRate, n.cfg.InboundBurst, n.cfg.Clock)
@@ -824,76 +817,13 @@ func (b *liveBurst) endLocked(sub *nats.Subscription, gone bool) []*socket {
 	return ss
 }
 
-// release delivers what a liveBurst held on s. A socket whose queue holds
-// just one frame and that did not write within writeLinger (the fan-out of
-// one change to sockets that were idle) is written here, with one
-// non-blocking write on the caller's goroutine: starting a writer
-// goroutine per socket, its stack growth and a write deadline (a runtime
-// timer) per write cost a fan-out to 10,000 sockets more CPU than the
-// writes themselves. Whatever the kernel did not take, and every other
-// case, goes to the socket's writer goroutine as before, so a slow client
-// never holds the caller. The caller holds no lock.
+// release starts the writer of a socket held by a liveBurst.
 func (s *socket) release() {
 	s.mu.Lock()
-	s.held = false
-	if s.head == len(s.queue) || s.closing || s.conn == nil || s.writing {
-		s.mu.Unlock()
-		return
-	}
-	if s.head+1 != len(s.queue) || len(s.gaps) > 0 || (s.wroteAt != 0 && time.Duration(monoNow()-s.wroteAt) < writeLinger) {
-		s.startWriterLocked()
-		s.mu.Unlock()
-		return
-	}
-	s.writing = true // this goroutine is the socket's writer until it starts one
-	f := s.queue[s.head].f
-	s.writingAt = s.queue[s.head].at
-	s.queue[s.head] = queuedFrame{}
-	s.head++
-	s.mu.Unlock()
-
-	n := tryWrite(s.conn.NetConn(), f.wire)
-
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	if n == len(f.wire) {
-		s.writingAt = 0
-		s.wroteLocked(f.size)
-		s.n.stats.framesSent.Add(1)
-		if !s.pendingLocked() && len(s.gaps) == 0 && !s.closing {
-			s.queue, s.head = s.queue[:0], 0
-			s.writing = false
-			return
-		}
-	} else {
-		// The kernel took part of it or none (its buffer is full), or
-		// the write failed: the writer sends the rest, blocking up to
-		// WriteTimeout, and meets any error itself (closing the socket
-		// as for any failed write); writingAt stays the frame's for the
-		// lag check.
-		s.rest, s.restOff = f, n
-		if n > 0 {
-			s.n.stats.partialWrites.Add(1)
-		}
-	}
-	s.writing = false
-	s.startWriterLocked()
-}
-
-// pendingLocked reports whether s has frame bytes to write. s.mu is held.
-func (s *socket) pendingLocked() bool { return s.rest != nil || s.head < len(s.queue) }
-
-// wroteLocked records that the writer wrote frames of size bytes: their
-// room in the queue is free. s.mu is held.
-func (s *socket) wroteLocked(size int) {
-	s.wroteAt = monoNow()
-	s.queued -= size
-	if s.queued < 0 || s.closing {
-		s.queued = 0
-	}
-	if s.room != nil {
-		close(s.room)
-		s.room = nil
+	s.held = false
+	if s.head < len(s.queue) && !s.closing && s.conn != nil {
+		s.startWriterLocked()
 	}
 }
 
@@ -993,37 +923,16 @@ func (s *socket) write() {
 			s.writing = false
 			code, reason := s.closeCode, s.closeReason
 			broken := s.broken
-			var rest []byte
-			if s.rest != nil {
-				rest = s.rest.wire[s.restOff:]
-				s.rest = nil
-			}
 			s.mu.Unlock()
-			if rest != nil && !broken {
-				// A frame begun by release: the close frame can only
-				// follow the whole of it.
-				nc := s.conn.NetConn()
-				_ = nc.SetWriteDeadline(time.Now().Add(s.n.cfg.WriteTimeout))
-				if _, err := nc.Write(rest); err != nil {
-					broken = true
-				}
-			}
 			if broken {
 				code = websocket.CloseAbnormalClosure // no frame can follow a partial one
 			}
 			s.sendClose(code, reason)
 			return
 		}
-		if !s.pendingLocked() {
+		if s.head == len(s.queue) {
 			if len(s.gaps) == 0 {
 				s.queue, s.head = s.queue[:0], 0
-				if s.wroteAt != 0 {
-					// A deadline left behind would fail release's next
-					// non-blocking write once it passed. Cleared while
-					// this goroutine is still the writer, so it cannot
-					// undo the deadline of the next one.
-					_ = s.conn.NetConn().SetWriteDeadline(time.Time{})
-				}
 				s.writing = false
 				s.mu.Unlock()
 				return
@@ -1044,11 +953,11 @@ func (s *socket) write() {
 		// follows the oldest frame join it for the rest of writeLinger,
 		// so a steady stream goes out several frames per write. An idle
 		// socket writes at once.
-		if wait := writeLinger - time.Duration(monoNow()-s.wroteAt); wait > 0 && s.wroteAt != 0 {
+		if wait := writeLinger - time.Since(s.wroteAt); wait > 0 && !s.wroteAt.IsZero() {
 			s.mu.Unlock()
 			time.Sleep(wait)
 			s.mu.Lock()
-			if s.closing || !s.pendingLocked() {
+			if s.closing || s.head == len(s.queue) {
 				s.mu.Unlock()
 				continue
 			}
@@ -1057,14 +966,7 @@ func (s *socket) write() {
 		bp := writeBatchPool.Get().(*net.Buffers)
 		bufs := (*bp)[:0]
 		size := 0
-		if s.rest != nil {
-			// writingAt is still the rest's (release).
-			bufs = append(bufs, s.rest.wire[s.restOff:])
-			size += s.rest.size
-			s.rest = nil
-		} else {
-			s.writingAt = s.queue[s.head].at
-		}
+		s.writingAt = s.queue[s.head].at
 		for s.head < len(s.queue) && len(bufs) < 512 && size < 1<<20 {
 			f := s.queue[s.head].f
 			s.queue[s.head] = queuedFrame{}
@@ -1092,7 +994,15 @@ func (s *socket) write() {
 		writeBatchPool.Put(bp)
 		s.mu.Lock()
 		s.writingAt = 0
-		s.wroteLocked(size)
+		s.wroteAt = time.Now()
+		s.queued -= size
+		if s.queued < 0 || s.closing {
+			s.queued = 0
+		}
+		if s.room != nil {
+			close(s.room)
+			s.room = nil
+		}
 		s.mu.Unlock()
 		if err != nil {
 			s.mu.Lock()
@@ -1111,12 +1021,6 @@ func (s *socket) write() {
 		s.n.stats.framesSent.Add(int64(frames))
 	}
 }
-
-// monoNow is a monotonic clock reading in nanoseconds, never 0: eight
-// bytes per socket where a time.Time takes 24.
-func monoNow() int64 { return int64(time.Since(monoEpoch)) + 1 }
-
-var monoEpoch = time.Now()
 
 var writeBatchPool = sync.Pool{New: func() any { return new(net.Buffers) }}
 
