@@ -26,6 +26,16 @@ import (
 //     entry published before it, so the stream stores a message only right
 //     after its predecessor: a lost message makes every later one fail
 //     instead of leaving a hole;
+//   - and Nats-Expected-Last-Sequence, the stream sequence that predecessor
+//     is stored at (counted on from the stream's last message at the
+//     reconcile). A clustered stream checks the message id only when its
+//     replicas apply a message, and a mismatch there is a write error that
+//     takes each replica out of service for good (nats-server 2.15: "last
+//     msgid mismatch ... critical write error"); it checks the sequence
+//     before it proposes, so a message after a hole — a server gone or a
+//     leader change with publishes in flight — is refused, not replicated.
+//     Because walcast is the stream's only writer, the message at the
+//     expected sequence is the predecessor whenever the check passes;
 //   - the published position advances only over acknowledged messages;
 //   - after any failure, and at start, the publisher reconciles with the
 //     stream: it reads the stream's last message, and continues after the
@@ -145,8 +155,8 @@ func (p *Publisher) reconcile(ctx context.Context, pos int64) (int64, error) {
 		return pos, fmt.Errorf("read JetStream stream %q: %w", p.cfg.JetStream.Stream, err)
 	}
 	if info.State.Msgs == 0 {
-		// Nothing to chain on (a new stream, or every message aged out):
-		// the first publish expects the stream's last sequence instead.
+		// No message id to chain on (a new stream, or every message aged
+		// out): the first publish expects the stream's last sequence only.
 		p.jsLastID, p.jsLastSeq = "", info.State.LastSeq
 		return pos, nil
 	}
@@ -160,7 +170,7 @@ func (p *Publisher) reconcile(ctx context.Context, pos int64) (int64, error) {
 		return pos, fmt.Errorf("%w: the last message of stream %q (sequence %d, subject %s, Nats-Msg-Id %q) was not published by this journal's walcast (fix: give each journal a stream of its own with --jetstream-stream)",
 			ErrStreamMismatch, p.cfg.JetStream.Stream, m.Sequence, m.Subject, id)
 	}
-	p.jsLastID, p.jsLastSeq = id, 0
+	p.jsLastID, p.jsLastSeq = id, m.Sequence
 	lg, err := p.j.ReadAfter(ctx, max(seq-1, 0), 1)
 	if err != nil {
 		return pos, err
@@ -226,20 +236,20 @@ type jsBatch struct {
 func (p *Publisher) publishJS(ctx context.Context, msgs []*nats.Msg, entries []journal.Entry) error {
 	b := &jsBatch{futures: make([]jetstream.PubAckFuture, len(msgs)), entries: entries, start: time.Now()}
 	for i, m := range msgs {
-		// The expectation is set as a header here rather than with a
-		// publish option, which would cost an option closure and a
+		// The expectations are set as headers here rather than with
+		// publish options, which would cost an option closure and a
 		// pubOpts per message.
 		if p.jsLastID != "" {
 			m.Header[jetstream.ExpectedLastMsgIDHeader] = []string{p.jsLastID}
-		} else {
-			m.Header[jetstream.ExpectedLastSeqHeader] = []string{strconv.FormatUint(p.jsLastSeq, 10)}
 		}
+		m.Header[jetstream.ExpectedLastSeqHeader] = []string{strconv.FormatUint(p.jsLastSeq, 10)}
 		f, err := p.js.PublishMsgAsync(m)
 		if err != nil {
 			return fmt.Errorf("publish seq %d to JetStream: %w", entries[i].Seq, err)
 		}
 		b.futures[i] = f
 		p.jsLastID = m.Header.Get(bus.HeaderMsgID)
+		p.jsLastSeq++ // where this message is stored once it is
 	}
 	prev := p.inflight
 	p.inflight = b
@@ -249,14 +259,14 @@ func (p *Publisher) publishJS(ctx context.Context, msgs []*nats.Msg, entries []j
 	return nil
 }
 
-// jsExpectRoom is the most bytes the expectation header publishJS adds to
-// a message takes in its header block: the id of the message before it (this
-// journal's id, an epoch and a seq of at most 19 digits) or the stream's
+// jsExpectRoom is the most bytes the expectation headers publishJS adds to
+// a message take in its header block: the id of the message before it (this
+// journal's id, an epoch and a seq of at most 19 digits) and the stream's
 // last sequence (at most 20 digits).
 func (p *Publisher) jsExpectRoom() int {
 	id := len(jetstream.ExpectedLastMsgIDHeader) + len(": ") + len(p.id) + len(":") + 16 + len(":") + 19 + len("\r\n")
 	seq := len(jetstream.ExpectedLastSeqHeader) + len(": ") + 20 + len("\r\n")
-	return max(id, seq)
+	return id + seq
 }
 
 // settle waits for the acknowledgements of the batch in flight, if any.

@@ -99,8 +99,8 @@ type Publisher struct {
 	inflight    *jsBatch // the batch handed to the stream whose acknowledgements are not yet awaited
 	stream      jetstream.Stream
 	jsReconcile bool         // reconcile with the stream before publishing
-	jsLastID    string       // message id the next publish chains on ("" : jsLastSeq)
-	jsLastSeq   uint64       // the stream's last sequence, when it holds no message
+	jsLastID    string       // message id the next publish chains on ("": the stream holds none; jsLastSeq alone)
+	jsLastSeq   uint64       // the stream sequence the next publish expects the stream to end at
 	ackLatency  atomic.Int64 // ns to store the last batch (metrics)
 	jsm         jsMetrics    // JetStream measurements (jetstream.go)
 	posAt       time.Time    // when; owned by Run
