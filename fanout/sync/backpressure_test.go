@@ -134,6 +134,10 @@ func TestSyncControlReserveFullCloses1013(t *testing.T) {
 		c.MaxDroppedFrames = -1
 		c.sndBuf = 4096
 		c.InboundRate, c.InboundBurst = 100000, 100000
+		// Only the reserve may close it: on a loaded machine the flood
+		// can take longer to fill it than the default write timeout,
+		// which would close the socket (also with 1013) first.
+		c.WriteTimeout = 5 * time.Minute
 	})
 	c, _, err := e.dial(token(t, []string{orders}, "", time.Hour), 4096)
 	if err != nil {
