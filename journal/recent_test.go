@@ -193,17 +193,18 @@ func TestRecentLogForgets(t *testing.T) {
 	}
 	// A reader far behind: appends are not kept (copying them would
 	// only tax the catch-up).
-	for i := 0; i < 40; i++ {
+	batches := recentMaxEntries/500 + 8 // more than the log holds
+	for i := 0; i < batches; i++ {
 		appendN(t, j, gen3, &lsn, "public.a", 500)
 	}
 	j.recent.mu.Lock()
 	kept := j.recent.entries
 	j.recent.mu.Unlock()
 	if kept != 0 {
-		t.Fatalf("%d entries kept with the only reader %d entries behind", kept, 40*500)
+		t.Fatalf("%d entries kept with the only reader %d entries behind", kept, batches*500)
 	}
 	// A reader that keeps up (the publisher after each append's wake-up).
-	for i := 0; i < 40; i++ {
+	for i := 0; i < batches; i++ {
 		res := appendN(t, j, gen3, &lsn, "public.a", 500)
 		if _, err := j.ReadAfter(ctx, res.FirstSeq-1, 1); err != nil {
 			t.Fatal(err)
@@ -212,7 +213,7 @@ func TestRecentLogForgets(t *testing.T) {
 	j.recent.mu.Lock()
 	n, b, oldest, next := j.recent.entries, j.recent.bytes, j.recent.chunks[0].entries[0].Seq, j.recent.next
 	j.recent.mu.Unlock()
-	if n > recentMaxEntries || b > recentMaxBytes || next != res.FirstSeq+1+80*500 || oldest <= res.FirstSeq+40*500 {
+	if n > recentMaxEntries || b > recentMaxBytes || next != res.FirstSeq+1+int64(2*batches*500) || oldest <= res.FirstSeq+int64(batches*500) {
 		t.Fatalf("log holds %d entries, %d bytes, seqs %d..%d", n, b, oldest, next-1)
 	}
 	if hit(oldest-2) || !hit(oldest-1) || !hit(next-2) {
