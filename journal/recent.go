@@ -41,7 +41,7 @@ type recentLog struct {
 	bytes    int // envelope bytes kept
 	entries  int // entries kept
 
-	hits   atomic.Uint64 // reads answered from memory (tests, metrics)
+	hits   atomic.Uint64 // reads answered from memory (for tests)
 	reader atomic.Int64  // the first seq the newest ReadAfter asked for; 0: none yet
 }
 
@@ -187,7 +187,9 @@ func (r *recentLog) read(after int64, limit, maxBytes int) (Log, bool) {
 		}
 		from := int(after + 1 - c.entries[0].Seq)
 		for i := max(from, 0); i < len(c.entries); i++ {
-			if len(out.Entries) == limit || (len(out.Entries) > 0 && bytes >= maxBytes) {
+			// bytes is what the entries before this one hold: the first
+			// entry always goes (maxBytes is positive).
+			if len(out.Entries) == limit || bytes >= maxBytes {
 				r.hits.Add(1)
 				return out, true
 			}
