@@ -213,8 +213,11 @@ type Node struct {
 	nc       *nats.Conn
 	log      *slog.Logger
 	upgrader websocket.Upgrader
-	accept   *tokenBucket
-	limits   clientLimits // per-address and per-subject budgets
+	// poller holds idle sockets without a goroutine; nil where it cannot
+	// run (not Linux, or epoll failed at Open).
+	poller *idlePoller
+	accept *tokenBucket
+	limits clientLimits // per-address and per-subject budgets
 
 	changesHook atomic.Pointer[func(*http.Request)] // tests: runs before each /v1/changes journal read
 	state       *stateSource                        // snapshots; nil without a source (state.go)
@@ -361,6 +364,10 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("sync: metrics: %w", err)
 		}
 	}
+	if n.poller, err = newIdlePoller(); err != nil {
+		n.log.Debug("idle sockets keep a reading goroutine", "reason", err)
+		n.poller = nil
+	}
 	n.wg.Add(6)
 	go n.followPositions()
 	go n.watchEpoch()
@@ -503,6 +510,9 @@ func (n *Node) Close() {
 		s.closeWith(CloseShutdown, "node shutting down", "shutdown")
 	}
 	n.conns.Wait()
+	if n.poller != nil {
+		n.poller.close()
+	}
 	n.cancel()
 	n.wg.Wait()
 	if n.reg != nil {

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -106,8 +107,16 @@ type socketGap struct{ topic, cursor string }
 // it starts the writer and catch-up goroutines on demand and waits for them
 // before returning.
 type socket struct {
-	n      *Node
-	conn   *websocket.Conn
+	n    *Node
+	conn *websocket.Conn
+	// nc is the connection itself, which the writer writes to; with fc
+	// set gorilla reads it through fc (frameconn.go).
+	nc net.Conn
+	fc *frameConn
+	// raw and pollID let an idle socket wait in the node's idlePoller
+	// instead of a goroutine (park).
+	raw    syscall.RawConn
+	pollID uint64
 	claims *Claims
 	limKey [2]string // the client's address and subject budget keys (limits.go)
 	// ctx ends when the socket's read loop has returned. It is not derived
@@ -159,6 +168,12 @@ type socket struct {
 	closing     bool
 	closeCode   int
 	closeReason string
+	// parked: no goroutine reads the socket; the idlePoller's next event
+	// for it, or the connection's close, starts one (wake). connClosed:
+	// the connection is closed, so the socket may not park again.
+	parked     bool
+	connClosed bool
+	pollArmed  bool // the connection is in the idlePoller's epoll set
 }
 
 // serveSocket authenticates, applies the admission limits and upgrades, then
@@ -219,14 +234,29 @@ func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
 	n.conns.Add(1)
 	n.mu.Unlock()
 
-	conn, err := n.upgrader.Upgrade(w, r, nil)
+	hw := w
+	var hj *frameHijacker
+	if n.poller != nil {
+		hj = &frameHijacker{ResponseWriter: w}
+		hw = hj
+	}
+	conn, err := n.upgrader.Upgrade(hw, r, nil)
 	if err != nil {
 		s.cancel()
 		s.forget()
 		return // the upgrader answered the request
 	}
+	s.nc = conn.NetConn()
+	if hj != nil && hj.fc != nil {
+		if raw, err := hj.tcp.SyscallConn(); err == nil {
+			s.nc, s.fc, s.raw = hj.tcp, hj.fc, raw
+			n.poller.add(s)
+		} else {
+			s.nc = hj.tcp
+		}
+	}
 	if n.cfg.sndBuf > 0 {
-		if tc, ok := conn.NetConn().(*net.TCPConn); ok {
+		if tc, ok := s.nc.(*net.TCPConn); ok {
 			_ = tc.SetWriteBuffer(n.cfg.sndBuf)
 		}
 	}
@@ -252,16 +282,22 @@ func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
 	n.stats.socketsOpen.Add(1)
 	// The socket is read on a fresh goroutine the node owns (Close waits for
 	// it through n.conns) and this handler returns: net/http's connection
-	// state, its 4 KB read and write buffers and the request become garbage,
-	// and the reader's stack stays small. An idle socket costs this
-	// goroutine, gorilla's small read buffer and the socket's own state.
-	go s.run()
+	// state, its 4 KB read and write buffers and the request become garbage.
+	// Waiting for a frame, the reader parks the socket in the node's
+	// idlePoller and exits (plain TCP on Linux), or waits in gorilla's
+	// NextReader with a small stack. An idle socket costs gorilla's small
+	// read buffer and the socket's own state, and the goroutine if it has
+	// one.
+	go s.run(false)
 }
 
 // forget releases what serveSocket reserved for s: its place in the node's
 // sockets and its clients' budgets.
 func (s *socket) forget() {
 	n := s.n
+	if s.fc != nil {
+		n.poller.remove(s)
+	}
 	n.mu.Lock()
 	delete(n.sockets, s)
 	n.mu.Unlock()
@@ -282,21 +318,85 @@ func (s *socket) forget() {
 // unused, guard included), so one subscribe handled here would cost the
 // socket 4 KB for good. BenchmarkSyncIdleMemory10k reports the result
 // (stack-bytes/socket).
-func (s *socket) run() {
-	s.readLoop()
-	s.teardown()
-	s.forget()
+//
+// A socket that can wait without a goroutine (park) is read by a run that
+// each wake starts and that returns once the socket is parked again.
+//
+// woken: the socket was parked and its connection has something to read
+// (or closed), so it reads before it may park again.
+func (s *socket) run(woken bool) {
+	if s.readLoop(woken) {
+		s.teardown()
+		s.forget()
+	}
 }
 
-// readLoop waits for each inbound message and hands it to readAside; it
-// returns when the connection fails or closes. Keep it this small (see run).
-func (s *socket) readLoop() {
+// readLoop waits for each inbound message and hands it to readAside. It
+// returns true when the connection fails or closes, false when the socket
+// is parked (another run will go on). Keep it this small (see run).
+func (s *socket) readLoop(woken bool) bool {
 	for {
+		if !woken && s.park() {
+			return false
+		}
+		woken = false
 		_, r, err := s.conn.NextReader()
 		if err != nil || !s.readAside(r) {
-			return
+			return true
 		}
 	}
+}
+
+// park hands the wait for the next frame to the node's idlePoller when
+// everything read so far ended a frame (nothing of the next one sits in
+// gorilla's buffer). It reports true when the socket is parked or another
+// goroutine already reads it: the caller must stop reading.
+func (s *socket) park() bool {
+	if s.fc == nil || !s.fc.atBoundary() {
+		return false
+	}
+	s.mu.Lock()
+	if s.connClosed {
+		s.mu.Unlock()
+		return false
+	}
+	// Decided under mu: the next reader (started by wake, which takes mu)
+	// may run before arm returns.
+	s.parked = true
+	add := !s.pollArmed
+	s.pollArmed = true
+	s.mu.Unlock()
+	if err := s.n.poller.arm(s, add); err != nil {
+		s.mu.Lock()
+		mine := s.parked
+		s.parked = false
+		s.mu.Unlock()
+		return !mine // a wake took the socket: its run reads on
+	}
+	return true
+}
+
+// wake starts a reading goroutine for a parked socket: the idlePoller saw
+// its connection readable or closed, or closeConn closed it.
+func (s *socket) wake() {
+	s.mu.Lock()
+	if !s.parked {
+		s.mu.Unlock()
+		return
+	}
+	s.parked = false
+	s.mu.Unlock()
+	go s.run(true)
+}
+
+// closeConn closes the connection and wakes the socket if it is parked, so
+// its reader sees the close and tears it down.
+func (s *socket) closeConn() {
+	_ = s.conn.Close()
+	s.mu.Lock()
+	s.connClosed = true
+	s.mu.Unlock()
+	s.wake()
 }
 
 // readAside reads and handles the message r on a short-lived goroutine and
@@ -976,7 +1076,7 @@ func (s *socket) write() {
 		}
 		s.mu.Unlock()
 
-		nc := s.conn.NetConn()
+		nc := s.nc
 		_ = nc.SetWriteDeadline(time.Now().Add(s.n.cfg.WriteTimeout))
 		frames := len(bufs)
 		var err error
@@ -1015,7 +1115,7 @@ func (s *socket) write() {
 				s.closeLocked(websocket.CloseAbnormalClosure, "", "write-error")
 			}
 			s.mu.Unlock()
-			_ = s.conn.Close()
+			s.closeConn()
 			continue
 		}
 		s.n.stats.framesSent.Add(int64(frames))
@@ -1036,7 +1136,7 @@ const writeLinger = 2 * time.Millisecond
 // (so the client reads the frame rather than a reset) and closes.
 func (s *socket) sendClose(code int, reason string) {
 	if code != websocket.CloseAbnormalClosure {
-		nc := s.conn.NetConn()
+		nc := s.nc
 		_ = nc.SetWriteDeadline(time.Now().Add(time.Second))
 		_, _ = nc.Write(wsFrame(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason)))
 	}
@@ -1046,5 +1146,5 @@ func (s *socket) sendClose(code int, reason string) {
 	case <-s.readDone.wait():
 	case <-t.C:
 	}
-	_ = s.conn.Close()
+	s.closeConn()
 }
