@@ -59,7 +59,6 @@ free_port() {
 DIR=$(mktemp -d /tmp/walcast-demo.XXXXXX)
 chmod 755 "$DIR"
 [ "$(id -u)" = 0 ] && chown postgres "$DIR"
-PGPORT=$(free_port 55432)
 NATSPORT=$(free_port 4222)
 HTTPPORT=$(free_port 9187)
 SYNCPORT=$(free_port 8080)
@@ -77,10 +76,26 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-say "starting a throwaway PostgreSQL on port $PGPORT (data in $DIR)"
+say "starting a throwaway PostgreSQL (data in $DIR)"
 as_pg "$PGBIN/initdb" -D "$DIR/data" -U postgres --auth=trust -N >/dev/null
-as_pg "$PGBIN/pg_ctl" -D "$DIR/data" -l "$DIR/postgres.log" -w \
-  -o "-p $PGPORT -k $DIR -c listen_addresses=127.0.0.1 -c wal_level=logical -c max_slot_wal_keep_size=1GB" start >/dev/null
+# A port that looked free can be taken before the server binds it (55432
+# is inside Linux's ephemeral range, so any outgoing connection may hold
+# it): try the next free one.
+started=
+for attempt in 1 2 3 4 5; do
+  PGPORT=$(free_port $((55432 + (attempt - 1) * 7)))
+  if as_pg "$PGBIN/pg_ctl" -D "$DIR/data" -l "$DIR/postgres.log" -w \
+    -o "-p $PGPORT -k $DIR -c listen_addresses=127.0.0.1 -c wal_level=logical -c max_slot_wal_keep_size=1GB" start >/dev/null; then
+    started=1
+    break
+  fi
+  grep -q 'could not bind' "$DIR/postgres.log" 2>/dev/null || break
+done
+if [ -z "$started" ]; then
+  tail -n 20 "$DIR/postgres.log" >&2 2>/dev/null || true
+  die "PostgreSQL did not start (its log is above); fix what it says and run make demo again"
+fi
+say "PostgreSQL is listening on 127.0.0.1:$PGPORT"
 URL="postgres://postgres@127.0.0.1:$PGPORT/postgres?sslmode=disable"
 PSQL=("$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -d "$URL")
 
