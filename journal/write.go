@@ -209,7 +209,13 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 	}
 	src := &copySource{txs: kept, next: nextSeq, base: j.cache.entities, dirty: map[string]entityState{}, resolve: resolve, keys: &j.keys, buf: j.cache.buf[:0]}
 	if j.recent.wanted(nextSeq) {
-		src.keep = &recentBatch{}
+		n := 0
+		for _, t := range kept {
+			n += t.Len()
+		}
+		if n <= recentMaxEntries { // a larger append is not kept
+			src.keep = &recentBatch{entries: make([]Entry, 0, n)}
+		}
 	}
 	reuse := false
 	defer func() {
