@@ -2,6 +2,9 @@ package sync
 
 import (
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"runtime"
 	"strings"
 	"testing"
@@ -184,6 +187,50 @@ func (c *wsConn) expectPongs(n, round, sock int) {
 		case "position":
 		default:
 			c.t.Fatalf("round %d socket %d: got %+v, want pong", round, sock, f)
+		}
+	}
+}
+
+// TestSyncOverTLS: a node serving WSS itself (walcast sync --tls-cert-file)
+// reads its sockets through TLS, where records hide frame boundaries: they
+// keep a reading goroutine instead of parking, and subscribe, changes,
+// pings and the node's close all work as over plain TCP.
+func TestSyncOverTLS(t *testing.T) {
+	e := newSyncEnv(t)
+	srv := httptest.NewUnstartedServer(e.node.Handler())
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	d := websocket.Dialer{HandshakeTimeout: 10 * time.Second, TLSClientConfig: srv.Client().Transport.(*http.Transport).TLSClientConfig}
+	u := "wss" + strings.TrimPrefix(srv.URL, "https") + "/v1/socket?access_token=" + url.QueryEscape(token(t, []string{orders}, "", time.Hour))
+	const n = 3
+	cs := make([]*wsConn, n)
+	for i := range cs {
+		c, _, err := d.Dial(u, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		cs[i] = &wsConn{t: t, c: c}
+		cs[i].sub(orders, "")
+		cs[i].expect("subscribed")
+	}
+	e.topicLive(orders, n)
+	e.commit(ins(orders, 1))
+	for i, c := range cs {
+		c.expectChanges(1)
+		c.send(map[string]string{"t": "ping"})
+		c.expectPongs(1, 0, i)
+	}
+	if p := e.parkedSockets(); p != 0 {
+		t.Fatalf("%d TLS sockets parked", p)
+	}
+	if r := socketReaders(); r != n {
+		t.Fatalf("%d reading goroutines for %d TLS sockets", r, n)
+	}
+	e.node.Close()
+	for _, c := range cs {
+		if code, _ := c.expectClose(); code != CloseShutdown {
+			t.Fatalf("close code %d, want %d", code, CloseShutdown)
 		}
 	}
 }
