@@ -105,7 +105,8 @@ type socketGap struct{ topic, cursor string }
 
 // socket is one WebSocket connection. Its reading goroutine (run) owns it:
 // it starts the writer and catch-up goroutines on demand and waits for them
-// before returning.
+// before tearing it down. A parked socket has no reading goroutine; the
+// run that wake starts takes ownership over (through s.mu).
 type socket struct {
 	n    *Node
 	conn *websocket.Conn
