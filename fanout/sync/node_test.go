@@ -502,6 +502,52 @@ func TestSyncCursorsForgedForeignExpired(t *testing.T) {
 	}
 }
 
+// TestSyncTruncateFromTheJournalResyncs: a TRUNCATE a member reads from
+// the journal (catching up from a cursor) brings the same resync after it
+// as one delivered live; before, only the live path sent it, so whether a
+// client re-read the table depended on timing (TestSnapshotRateLimited
+// failed in CI this way).
+func TestSyncTruncateFromTheJournalResyncs(t *testing.T) {
+	e := newSyncEnv(t)
+	tok := token(t, []string{orders}, "", time.Hour)
+	live := e.mustDial(tok)
+	live.sub(orders, "")
+	from := live.expect("subscribed").Cursor
+	e.topicLive(orders, 1)
+	rows := e.commit(ins(orders, 1), row{entity: orders, op: decoder.OpTruncate}, ins(orders, 2), row{entity: orders, op: decoder.OpTruncate})
+	frames := func(c *wsConn) []string {
+		var out []string
+		for len(out) < 6 {
+			f := c.read()
+			switch f.T {
+			case "change":
+				out = append(out, fmt.Sprintf("change %s %d", f.env.Op, f.env.Seq))
+			case "resync":
+				out = append(out, "resync "+f.Cursor)
+			default:
+				t.Fatalf("got %+v", f)
+			}
+		}
+		return out
+	}
+	want := frames(live)
+	for i, r := range rows {
+		k := i + i/2 // a resync follows each truncate
+		if w := fmt.Sprintf("change %s %d", r.Op, r.Seq); want[k] != w {
+			t.Fatalf("live frame %d: %q, want %q (%v)", k, want[k], w, want)
+		}
+		if r.Op == decoder.OpTruncate && !strings.HasPrefix(want[k+1], "resync ") {
+			t.Fatalf("live: no resync after the truncate at %d (%v)", r.Seq, want)
+		}
+	}
+	replay := e.mustDial(tok)
+	replay.sub(orders, from)
+	replay.expect("subscribed")
+	if got := frames(replay); !slices.Equal(got, want) {
+		t.Fatalf("from the journal: %v\nlive: %v", got, want)
+	}
+}
+
 func TestSyncTruncateAndResync(t *testing.T) {
 	e := newSyncEnv(t)
 	var conns []*wsConn

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/journal"
 )
 
@@ -39,8 +40,12 @@ type readCall struct {
 type readPage struct {
 	frames []*frame // change frames in seq order
 	seqs   []int64
-	end    int64 // position the read covered
-	more   bool
+	// truncate[i]: frames[i] is a TRUNCATE, after which the member
+	// re-reads the entity as on the live path (resyncLocked); nil when
+	// the page has none.
+	truncate []bool
+	end      int64 // position the read covered
+	more     bool
 	// resync is set when the position needs a resync: the frame to send and
 	// the position (the horizon) to continue from.
 	resync      *frame
@@ -132,6 +137,12 @@ func (r *sharedReads) do(ctx context.Context, q journal.Query, epoch, from int64
 		}
 		p.frames[i] = changeFrame(q.Entities[0], cur, e.Envelope)
 		p.seqs[i] = e.Seq
+		if e.Op == decoder.OpTruncate {
+			if p.truncate == nil {
+				p.truncate = make([]bool, len(res.Changes))
+			}
+			p.truncate[i] = true
+		}
 	}
 	if p.end, err = j.CursorPosition(res.Cursor); err != nil {
 		return readPage{}, err

@@ -754,6 +754,13 @@ func (s *socket) catchUp(m *member) {
 			queued, wait := s.enqueueReplay(f)
 			if queued {
 				m.pos = seq
+				if page.truncate != nil && page.truncate[i] {
+					// The truncate also means: re-read the entity
+					// (DESIGN §6), whether it reaches the member
+					// live or, as here, from the journal. A fresh
+					// snapshot moves m off this catch-up.
+					m.resyncLocked(s.n.resyncFrame(m, seq), seq)
+				}
 				i++
 			}
 			t.mu.Unlock()

@@ -574,6 +574,41 @@ func TestStateTruncateResnapshots(t *testing.T) {
 	}
 }
 
+// TestStateTruncateFromTheJournalResnapshots: a "snapshot":true
+// subscription that resumes from a cursor and reads a TRUNCATE from the
+// journal gets a fresh snapshot after it, as a live one does; its state
+// ends equal to the table.
+func TestStateTruncateFromTheJournalResnapshots(t *testing.T) {
+	env := newStateEnv(t)
+	pgtest.MustExec(t, env.src, `INSERT INTO docs SELECT g, NULL, 'v' FROM generate_series(1, 5) g`)
+	first := dialState(env, stateToken(t, "", true))
+	first.ws.send(map[string]any{"t": "sub", "topic": "public.docs", "snapshot": true})
+	fc := newStateClient("")
+	follow(t, env, first, fc)
+	from := fc.cursor
+	pgtest.MustExec(t, env.src, `TRUNCATE docs`, `INSERT INTO docs VALUES (9, NULL, 'after')`)
+	follow(t, env, first, fc) // journaled: the first client saw it live
+	if fc.snaps != 2 {
+		t.Fatalf("live: %d snapshots, want 2", fc.snaps)
+	}
+
+	sc := dialState(env, stateToken(t, "", true))
+	sc.ws.send(map[string]any{"t": "sub", "topic": "public.docs", "snapshot": true, "cursor": from})
+	c := newStateClient("")
+	var kinds []string
+	for c.snaps < 1 {
+		f := sc.next(t, c)
+		kinds = append(kinds, f.T)
+	}
+	if len(kinds) < 3 || kinds[0] != "subscribed" || kinds[1] != "change" || kinds[2] != "snapshot-begin" {
+		t.Fatalf("frames from the cursor: %v, want subscribed, the truncate, then a snapshot", kinds)
+	}
+	follow(t, env, sc, c)
+	if len(c.errs) > 0 || len(fc.errs) > 0 {
+		t.Error(c.errs, fc.errs)
+	}
+}
+
 // TestStateHTTP: GET /v1/snapshot streams the same frames as NDJSON, the
 // last one the snapshot-end with a cursor GET /v1/changes continues from.
 func TestStateHTTP(t *testing.T) {
