@@ -96,6 +96,7 @@ func (p *idlePoller) arm(s *socket, add bool) error {
 func (p *idlePoller) loop(rc syscall.RawConn) {
 	defer close(p.done)
 	events := make([]syscall.EpollEvent, 256)
+	var woken []*socket
 	for {
 		n := 0
 		var werr error
@@ -111,7 +112,8 @@ func (p *idlePoller) loop(rc syscall.RawConn) {
 			return // closed
 		}
 		p.mu.Lock()
-		var woken []*socket
+		clear(woken)
+		woken = woken[:0]
 		if werr != nil {
 			p.failed.Store(true)
 			for _, s := range p.sockets {

@@ -249,11 +249,10 @@ func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
 	}
 	s.nc = conn.NetConn()
 	if hj != nil && hj.fc != nil {
+		s.nc = hj.tcp // gorilla has hj.fc; writes go to the connection itself
 		if raw, err := hj.tcp.SyscallConn(); err == nil {
-			s.nc, s.fc, s.raw = hj.tcp, hj.fc, raw
+			s.fc, s.raw = hj.fc, raw
 			n.poller.add(s)
-		} else {
-			s.nc = hj.tcp
 		}
 	}
 	if n.cfg.sndBuf > 0 {
