@@ -61,13 +61,21 @@ try {
   const consoleRows = await c.evaluate(() => document.querySelectorAll('tr.change').length);
   if (shot) await c.screenshot({ path: shot, fullPage: true });
 
-  out = await page.evaluate(() => ({
-    stream: window.stream,
-    rows: window.rows(),
-    ...window.short,
-    errors: window.errors,
-    long: window.long,
-  }));
+  // A token may be mid-refresh at this moment: the reading waits (in the
+  // page, so nothing runs between the wait and the reading) until every
+  // refresh frame sent has had its answer, or the deadline passes and the
+  // Go test reports the unanswered one.
+  out = await page.evaluate(async (ms) => {
+    const end = Date.now() + ms;
+    while (window.short.refreshes !== window.short.refreshed && Date.now() < end) await new Promise((r) => setTimeout(r, 20));
+    return {
+      stream: window.stream,
+      rows: window.rows(),
+      ...window.short,
+      errors: window.errors,
+      long: window.long,
+    };
+  }, deadline);
   out.consoleRows = consoleRows;
 } finally {
   await browser.close();
