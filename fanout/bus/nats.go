@@ -118,6 +118,16 @@ func StartEmbeddedNATS(listen, storeDir string) (*EmbeddedNATS, error) {
 	}
 	if port == 0 {
 		port = server.RANDOM_PORT
+	} else {
+		// The server reports a failed bind only to its logger (off here)
+		// and then never becomes ready, so a taken port would cost the
+		// whole wait below and end in a guess. Binding it first gives the
+		// operator the kernel's answer at once.
+		ln, err := net.Listen("tcp", listen)
+		if err != nil {
+			return nil, fmt.Errorf("embedded NATS cannot listen on %s: %w (another process holds it, often a NATS server or a second walcast run: stop that process, or choose another --embedded-nats-listen, or point --nats-url at an existing server)", listen, err)
+		}
+		_ = ln.Close()
 	}
 	opts := &server.Options{Host: host, Port: port, NoSigs: true, NoLog: true, ServerName: "walcast-embedded"}
 	if storeDir != "" {

@@ -1,0 +1,50 @@
+package bus
+
+import (
+	"net"
+	"strings"
+	"testing"
+)
+
+// TestEmbeddedNATSPortTaken: when another process holds the port, the
+// embedded server's start fails with the bind error itself and says what
+// to do, instead of waiting for a server that will never listen.
+func TestEmbeddedNATSPortTaken(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	emb, err := StartEmbeddedNATS(ln.Addr().String(), "")
+	if err == nil {
+		emb.Shutdown()
+		t.Fatalf("the embedded server started on %s, a port another listener holds", ln.Addr())
+	}
+	for _, want := range []string{ln.Addr().String(), "address already in use", "--embedded-nats-listen"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not contain %q", err, want)
+		}
+	}
+
+	// A free port still works, and so does port 0 (a random one).
+	for _, listen := range []string{freeAddr(t), "127.0.0.1:0"} {
+		emb, err := StartEmbeddedNATS(listen, "")
+		if err != nil {
+			t.Fatalf("%s: %v", listen, err)
+		}
+		if !strings.HasPrefix(emb.URL(), "nats://127.0.0.1:") {
+			t.Errorf("%s: URL %q", listen, emb.URL())
+		}
+		emb.Shutdown()
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
