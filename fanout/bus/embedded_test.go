@@ -26,6 +26,15 @@ func TestEmbeddedNATSPortTaken(t *testing.T) {
 		}
 	}
 
+	// An address that is not this machine's is not a taken port: the
+	// error says so (192.0.2.1 is TEST-NET-1, never assigned).
+	if emb, err := StartEmbeddedNATS("192.0.2.1:4222", ""); err == nil {
+		emb.Shutdown()
+		t.Fatal("the embedded server started on 192.0.2.1, an address this machine does not have")
+	} else if msg := err.Error(); !strings.Contains(msg, "cannot assign requested address") || strings.Contains(msg, "another process") {
+		t.Errorf("error %q: want the kernel's answer without blaming another process", msg)
+	}
+
 	// Once the port is free the same address works (the check holds
 	// nothing), and so does port 0 (a random one).
 	_ = ln.Close()

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -124,8 +125,11 @@ func StartEmbeddedNATS(listen, storeDir string) (*EmbeddedNATS, error) {
 		// whole wait below and end in a guess. Binding it first gives the
 		// operator the kernel's answer at once.
 		ln, err := net.Listen("tcp", listen)
-		if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
 			return nil, fmt.Errorf("embedded NATS cannot listen on %s: %w (another process holds it, often a NATS server or a second walcast run: stop that process, or choose another --embedded-nats-listen, or point --nats-url at an existing server)", listen, err)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("embedded NATS cannot listen on %s: %w (choose an address of this machine for --embedded-nats-listen, or point --nats-url at an existing server)", listen, err)
 		}
 		_ = ln.Close()
 	}
