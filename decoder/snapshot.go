@@ -155,6 +155,7 @@ type SnapshotMarker struct {
 	Entity    string // the table's entity
 	Rows      int64  // snapshot-end: read entries journaled for the snapshot
 	Cancelled bool   // snapshot-end: the snapshot was cancelled before the table's end
+	Failed    string // snapshot-end: the snapshot failed before the table's end, why, and the fix
 }
 
 // Marker adds a snapshot-begin (begin true) or snapshot-end envelope at lsn
@@ -179,6 +180,10 @@ func (b *TxBuilder) Marker(lsn LSN, begin bool, m SnapshotMarker) {
 		buf = strconv.AppendInt(buf, m.Rows, 10)
 		if m.Cancelled {
 			buf = append(buf, `,"cancelled":true`...)
+		}
+		if m.Failed != "" {
+			buf = append(buf, `,"failed":true,"reason":`...)
+			buf = appendString(buf, []byte(m.Failed))
 		}
 	}
 	buf = append(buf, "}}"...)

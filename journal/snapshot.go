@@ -85,6 +85,9 @@ func (j *Journal) RequestSnapshot(ctx context.Context, r SnapshotRequest) (int64
 	if r.Schema == "" || r.Table == "" {
 		return 0, opErr(op, errors.New("no table given"), "name the table as schema.table")
 	}
+	if err := CheckWhere(r.Where); err != nil {
+		return 0, opErr(op, fmt.Errorf("--where: %w", err), "give one boolean expression on the table's columns, such as region = 'eu' AND id > 1000")
+	}
 	var id int64
 	err := j.queryRow(ctx, "INSERT INTO "+j.sql.snapshots+" (table_schema, table_name, where_sql, chunk_size) VALUES ($1, $2, $3, $4) RETURNING id",
 		[]any{r.Schema, r.Table, r.Where, r.ChunkSize}, &id)
@@ -247,9 +250,10 @@ type SnapshotProgress struct {
 	LastKey []string // nil: unchanged
 	Rows    int64    // read entries journaled in all, after this chunk
 	Chunks  int64
-	// Status is SnapshotRunning, or SnapshotDone / SnapshotCancelled with
-	// the chunk that carries the snapshot-end entry.
+	// Status is SnapshotRunning, or SnapshotDone / SnapshotCancelled /
+	// SnapshotFailed with the chunk that carries the snapshot-end entry.
 	Status string
+	Error  string // SnapshotFailed: the reason, with the fix
 }
 
 // snapshotProgressSQL is a data-modifying statement for finishSQL's WITH
@@ -271,6 +275,8 @@ func (j *Journal) snapshotProgressSQL(p SnapshotProgress) string {
 	switch p.Status {
 	case SnapshotDone, SnapshotCancelled:
 		b.WriteString(", status = " + textLit(p.Status) + ", finished_at = now()")
+	case SnapshotFailed:
+		b.WriteString(", status = 'failed', error = " + textLit(p.Error) + ", finished_at = now()")
 	default:
 		b.WriteString(", status = 'running', started_at = coalesce(started_at, now())")
 	}

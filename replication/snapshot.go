@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -78,8 +79,13 @@ type chunk struct {
 	final      bool       // journal snapshot-end after them
 	base       bool       // the first chunk of a run of the pipeline: the loop starts counting here
 	cancelled  bool       // final because the snapshot was cancelled
+	failed     string     // final because the snapshot failed: the reason (no rows)
 	rowsBefore int64      // read entries journaled before this chunk (meaningful when base)
 	n          int64      // this chunk's number, from 1
+
+	limit    int // rows asked for
+	maxBytes int // the chunk stops after a row that takes it to this many bytes of values (not final then)
+	bytes    int // bytes of values read
 
 	done chan struct{} // closed by the loop once it handled the high watermark
 	ok   bool          // set before done: the chunk was journaled (queued)
@@ -101,12 +107,13 @@ type snapshotter struct {
 	mu     sync.Mutex        // guards the following fields
 	chunks map[string]*chunk // registered, high watermark not yet handled
 	busy   map[int64]bool    // snapshots a worker is running
+	shrunk map[int64]int     // row limits of snapshots whose SELECT ran out of time (chunkFailed)
 }
 
 func newSnapshotter(r *Replicator, gen int64) *snapshotter {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	return &snapshotter{r: r, gen: gen, run: hex.EncodeToString(b[:]), chunks: map[string]*chunk{}, busy: map[int64]bool{},
+	return &snapshotter{r: r, gen: gen, run: hex.EncodeToString(b[:]), chunks: map[string]*chunk{}, busy: map[int64]bool{}, shrunk: map[int64]int{},
 		limit: &rowLimiter{rate: float64(r.cfg.SnapshotMaxRowsPerSecond)}}
 }
 
@@ -231,12 +238,17 @@ func (s *snapshotter) worker(ctx context.Context) {
 			return
 		}
 		var ref *refusal
+		var changed *tableChanged
 		switch {
 		case err == nil:
 			failures = 0
-		case errors.As(err, &ref):
-			log.Error("snapshot refused", "id", snap.ID, "table", snap.Entity(), "reason", ref.msg)
-			if ferr := s.r.j.FailSnapshot(ctx, s.gen, snap.ID, ref.msg); ferr != nil {
+		case errors.As(err, &ref), errors.As(err, &changed):
+			reason := err.Error()
+			if ref != nil {
+				reason = ref.msg
+			}
+			log.Error("snapshot failed", "id", snap.ID, "table", snap.Entity(), "reason", reason)
+			if ferr := s.fail(ctx, conn, snap, reason); ferr != nil {
 				log.Warn("cannot mark the snapshot failed", "id", snap.ID, "cause", ferr)
 			}
 		default:
@@ -253,6 +265,42 @@ func (s *snapshotter) worker(ctx context.Context) {
 	}
 }
 
+// fail ends snap as failed with reason (what happened, and the fix). A
+// snapshot whose snapshot-begin is journaled also gets its snapshot-end,
+// saying it failed and why, so every begin in the stream has an end: it
+// goes through the stream loop as a chunk of no rows in a window of its
+// own, and the journal records the status in the same transaction. Where
+// that cannot be done (no connection), only the status is recorded.
+func (s *snapshotter) fail(ctx context.Context, conn *pgx.Conn, snap journal.Snapshot, reason string) error {
+	cur, err := s.r.j.SnapshotByID(ctx, snap.ID)
+	if err != nil {
+		return err
+	}
+	if cur.Status != journal.SnapshotRunning || cur.Chunks == 0 || conn == nil || conn.IsClosed() {
+		return s.r.j.FailSnapshot(ctx, s.gen, snap.ID, reason)
+	}
+	c := &chunk{id: snap.ID, entity: snap.Entity(), final: true, failed: reason, base: true, rowsBefore: cur.Rows, n: cur.Chunks + 1,
+		done: make(chan struct{})}
+	c.token = s.run + ":" + strconv.FormatInt(snap.ID, 10) + ":" + strconv.FormatInt(c.n, 10)
+	if err := s.emit(ctx, conn, watermark{Token: c.token, Mark: "low", Entity: c.entity}); err != nil {
+		return s.r.j.FailSnapshot(ctx, s.gen, snap.ID, reason)
+	}
+	s.register(c)
+	if err := s.emit(ctx, conn, watermark{Token: c.token, Mark: "high"}); err != nil {
+		s.take(c.token)
+		return s.r.j.FailSnapshot(ctx, s.gen, snap.ID, reason)
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.done:
+	}
+	if !c.ok {
+		return s.r.j.FailSnapshot(ctx, s.gen, snap.ID, reason)
+	}
+	return s.journaled(ctx, snap.ID, c.entity)
+}
+
 func (s *snapshotter) connect(ctx context.Context) (*pgx.Conn, error) {
 	cfg, err := ParseConnConfig(s.r.cfg.DatabaseURL)
 	if err != nil {
@@ -260,6 +308,19 @@ func (s *snapshotter) connect(ctx context.Context) (*pgx.Conn, error) {
 	}
 	for k, v := range sessionSettings {
 		cfg.RuntimeParams[k] = v
+	}
+	// A chunk holds its table's lock for one statement at most, and a
+	// session that stops answering (walcast gone, the network cut) is ended
+	// by the server, which releases the lock.
+	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+	cfg.RuntimeParams["lock_timeout"] = ms(snapshotLockTimeout)
+	cfg.RuntimeParams["statement_timeout"] = ms(snapshotStatementTimeout)
+	cfg.RuntimeParams["idle_in_transaction_session_timeout"] = ms(snapshotIdleTimeout)
+	cfg.RuntimeParams["tcp_keepalives_idle"] = "15"
+	cfg.RuntimeParams["tcp_keepalives_interval"] = "15"
+	cfg.RuntimeParams["tcp_keepalives_count"] = "4"
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = 10 * time.Second
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
@@ -271,11 +332,15 @@ func (s *snapshotter) connect(ctx context.Context) (*pgx.Conn, error) {
 // snapTable is what a snapshot needs to know of its table.
 type snapTable struct {
 	entity  string
+	relid   uint32   // the relation's oid: a table dropped and created again is another table
+	ident   string   // relreplident
+	lock    string   // the LOCK TABLE target: the relation, quoted (a partitioned table locks its partitions too)
 	from    string   // quoted relation, with ONLY for a plain table
 	cols    []string // published columns, quoted, in attribute order
 	keyCols []string // chunk key columns, quoted
 	keyName []string // chunk key column names
-	keyType []string // their types (format_type) with COLLATE where needed
+	keyType []string // their types (format_type)
+	keyColl []string // their collations ("" for the type's default), so a change of ordering is noticed
 	keyIdx  []int    // their indexes in cols
 	filter  string   // the publication's row filter, if any
 	enc     *decoder.RowEncoder
@@ -370,19 +435,37 @@ func (s *snapshotter) loadTable(ctx context.Context, conn *pgx.Conn, snap journa
 			oid = base
 		}
 	}
-	// Chunk key: the primary key, else the replica identity index.
+	// Chunk key: columns every change of a row carries, so a change inside
+	// a chunk's window can be matched with the row read. A delete carries
+	// only the replica identity's columns (an update that moves a row, its
+	// old values of them), so the key is the replica identity: the primary
+	// key under DEFAULT, the identity index under USING INDEX; under FULL
+	// every column is carried and the primary key, else the identity index,
+	// orders the chunks.
 	var pk, ri []int16
 	if err := conn.QueryRow(ctx, `SELECT coalesce((SELECT indkey::int2[] FROM pg_index WHERE indrelid = $1 AND indisprimary), '{}'),
 		coalesce((SELECT indkey::int2[] FROM pg_index WHERE indrelid = $1 AND indisreplident), '{}')`, relid).Scan(&pk, &ri); err != nil {
 		return nil, err
 	}
-	chunkKey := pk
-	if len(chunkKey) == 0 {
+	qname := pgx.Identifier{snap.Schema, snap.Table}.Sanitize()
+	var chunkKey []int16
+	switch ident {
+	case "d":
+		chunkKey = pk
+	case "i":
 		chunkKey = ri
+	case "f":
+		chunkKey = pk
+		if len(chunkKey) == 0 {
+			chunkKey = ri
+		}
+	case "n":
+		return nil, refusef("table %s has REPLICA IDENTITY NOTHING, so its updates and deletes carry no key and a row read could never be matched with its changes; fix: ALTER TABLE %s REPLICA IDENTITY DEFAULT; (with a primary key) or REPLICA IDENTITY FULL; then start a new snapshot",
+			ent, qname)
 	}
 	if len(chunkKey) == 0 {
 		return nil, refusef("table %s has neither a primary key nor a replica identity index, so it cannot be read in key order; fix: add a primary key, or ALTER TABLE %s REPLICA IDENTITY USING INDEX <a unique index on NOT NULL columns>; then start a new snapshot",
-			ent, pgx.Identifier{snap.Schema, snap.Table}.Sanitize())
+			ent, qname)
 	}
 	// Replica identity columns, flagged as pgoutput's Relation message does.
 	identity := map[int16]bool{}
@@ -400,8 +483,7 @@ func (s *snapshotter) loadTable(ctx context.Context, conn *pgx.Conn, snap journa
 			identity[a.num] = true
 		}
 	}
-	t := &snapTable{entity: ent}
-	t.from = pgx.Identifier{snap.Schema, snap.Table}.Sanitize()
+	t := &snapTable{entity: ent, relid: relid, ident: ident, lock: qname, from: qname}
 	if kind != "p" {
 		t.from = "ONLY " + t.from
 	}
@@ -417,14 +499,13 @@ func (s *snapshotter) loadTable(ctx context.Context, conn *pgx.Conn, snap journa
 		if !ok {
 			return nil, refusef("a key column of table %s is not published (the publication's column list leaves it out), so changes to a row cannot be matched with the row read; fix: publish the key columns, then start a new snapshot", ent)
 		}
+		// The parameter's cast carries no collation: the column's own wins
+		// over the parameter's default, in the comparison and in ORDER BY.
 		a := atts[i]
-		typ := a.typ
-		if a.collate != "" {
-			typ += " COLLATE " + a.collate
-		}
 		t.keyCols = append(t.keyCols, pgx.Identifier{a.name}.Sanitize())
 		t.keyName = append(t.keyName, a.name)
-		t.keyType = append(t.keyType, typ)
+		t.keyType = append(t.keyType, a.typ)
+		t.keyColl = append(t.keyColl, a.collate)
 		t.keyIdx = append(t.keyIdx, i)
 	}
 	if filter != nil {
@@ -463,6 +544,11 @@ func (t *snapTable) chunkSQL(first bool, where string, limit int) string {
 
 // snapshot runs one snapshot from its persisted progress to its end.
 func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal.Snapshot) error {
+	// A request's condition may come from any role that can write the
+	// snapshots table, not only from walcast snapshot start.
+	if err := journal.CheckWhere(snap.Where); err != nil {
+		return refusef("the snapshot's --where condition of %s is refused: %v; fix: start a new snapshot with one boolean expression on the table's columns (such as region = 'eu')", snap.Entity(), err)
+	}
 	t, err := s.loadTable(ctx, conn, snap)
 	if err != nil {
 		return err
@@ -490,6 +576,7 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 	began := time.Now()
 	var inflight []*chunk
 	readKey, next, base := lastKey, chunks+1, true // where the next chunk starts
+	rowCap := snap.ChunkSize                       // rows the next chunk asks for, at most
 	drain := func() error {                        // wait for every chunk in flight (after a failure)
 		for _, c := range inflight {
 			select {
@@ -513,12 +600,12 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 				return drain() // finished or failed elsewhere
 			}
 			c := &chunk{id: snap.ID, entity: t.entity, enc: t.enc, first: next == 1, base: base, rowsBefore: rowsDone, n: next,
-				cancelled: cur.CancelRequested, done: make(chan struct{})}
+				cancelled: cur.CancelRequested, done: make(chan struct{}), limit: min(s.chunkLimit(snap), rowCap), maxBytes: s.chunkMaxBytes()}
 			c.token = s.run + ":" + strconv.FormatInt(snap.ID, 10) + ":" + strconv.FormatInt(c.n, 10)
 			if !c.cancelled {
 				// --snapshot-max-rows-per-second: wait before the window
 				// opens, so it stays as short as the read.
-				if err := s.limit.wait(ctx, snap.ChunkSize); err != nil {
+				if err := s.limit.wait(ctx, c.limit); err != nil {
 					return err
 				}
 			}
@@ -527,6 +614,11 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 			}
 			if c.cancelled {
 				c.final = true
+				s.register(c)
+				if err := s.emit(ctx, conn, watermark{Token: c.token, Mark: "high"}); err != nil {
+					s.take(c.token)
+					return err
+				}
 			} else if err := s.read(ctx, conn, t, snap, readKey, c); err != nil {
 				// Close the window before giving up on the chunk.
 				s.register(&chunk{token: c.token, done: make(chan struct{}), id: -1})
@@ -534,14 +626,14 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 				if derr := drain(); derr != nil {
 					return derr
 				}
-				return err
-			}
-			s.register(c)
-			if err := s.emit(ctx, conn, watermark{Token: c.token, Mark: "high"}); err != nil {
-				s.take(c.token)
-				return err
+				return s.chunkFailed(snap, c, err)
 			}
 			inflight = append(inflight, c)
+			if c.bytes > 0 {
+				// Ask the next chunk for about the rows that fit its byte
+				// bound, so wide rows are not read only to be dropped.
+				rowCap = max(1, min(snap.ChunkSize, int(int64(c.maxBytes)*int64(len(c.rows))/int64(c.bytes))+1))
+			}
 			base = false
 			next++
 			if c.lastKey != nil {
@@ -572,25 +664,8 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 			lastKey = c.lastKey
 		}
 		if c.final {
-			// The loop has queued the chunk; wait until the journal holds
-			// it (its status is no longer running), so this snapshot is not
-			// taken up again from progress the journal does not have yet.
-			for waited := 0; ; waited++ {
-				cur, err := s.r.j.SnapshotByID(ctx, snap.ID)
-				if err != nil {
-					return err
-				}
-				if cur.Status != journal.SnapshotRunning {
-					break
-				}
-				if waited > 3000 {
-					return fmt.Errorf("snapshot %d: its last chunk was not journaled within a minute", snap.ID)
-				}
-				select {
-				case <-ctx.Done():
-					return ctx.Err()
-				case <-time.After(20 * time.Millisecond):
-				}
+			if err := s.journaled(ctx, snap.ID, t.entity); err != nil {
+				return err
 			}
 			el := time.Since(began)
 			s.r.log.Info("snapshot finished", "id", snap.ID, "table", t.entity, "rows", rowsDone, "chunks", chunks, "cancelled", c.cancelled,
@@ -600,9 +675,93 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 	}
 }
 
+// journaled waits until the journal holds the last chunk of snapshot id,
+// which the loop has queued: until its status is no longer running. So the
+// snapshot is not taken up again from progress the journal does not have
+// yet (which would read and journal the last chunk twice). The queue is
+// journaled in order or the session ends (and ctx with it), so the wait has
+// no deadline of its own; a queue slow behind a huge transaction is logged
+// now and then.
+func (s *snapshotter) journaled(ctx context.Context, id int64, entity string) error {
+	for waited := 1; ; waited++ {
+		cur, err := s.r.j.SnapshotByID(ctx, id)
+		if err != nil {
+			return err
+		}
+		if cur.Status != journal.SnapshotRunning {
+			return nil
+		}
+		if waited%3000 == 0 {
+			s.r.log.Warn("snapshot: the last chunk is queued but not journaled yet; waiting (the journal is behind the stream)",
+				"id", id, "table", entity, "waited", (time.Duration(waited) * 20 * time.Millisecond).String())
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // snapshotInFlight is how many chunks a worker has handed to the stream
 // loop and not yet seen handled.
 const snapshotInFlight = 3
+
+// Limits of the snapshot connections (connect): a chunk's lock wait, and its
+// SELECT (and COMMIT). While a chunk holds its table's ACCESS SHARE lock, a
+// customer's DDL on the table waits, and every query behind that DDL with
+// it: the lock is held for one chunk's SELECT at most
+// snapshotStatementTimeout. A session that stops answering inside a
+// transaction is ended by the server after snapshotIdleTimeout, so its lock
+// is released.
+const (
+	snapshotLockTimeout      = 2 * time.Second
+	snapshotStatementTimeout = 30 * time.Second
+	snapshotIdleTimeout      = 60 * time.Second
+)
+
+// minChunkBytes is the least a chunk's byte bound goes down to.
+const minChunkBytes = 256 << 10
+
+// chunkMaxBytes is the bytes of values a chunk may hold: the chunks all
+// workers have in flight take at most half of the journal queue's bound,
+// so wide rows shorten the chunks instead of growing the process.
+func (s *snapshotter) chunkMaxBytes() int {
+	q := s.r.cfg.QueueMaxBytes
+	if q <= 0 {
+		q = 16 << 20
+	}
+	return max(minChunkBytes, int(q/int64(2*snapshotInFlight*max(1, s.r.cfg.SnapshotParallel))))
+}
+
+// chunkLimit is the row limit of the next chunk of snap: its chunk size,
+// unless a SELECT of this session ran out of time and shrank it.
+func (s *snapshotter) chunkLimit(snap journal.Snapshot) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n, ok := s.shrunk[snap.ID]; ok {
+		return n
+	}
+	return snap.ChunkSize
+}
+
+// chunkFailed turns a failed chunk read into what the worker does next. A
+// SELECT that ran out of time is read again at a quarter of the rows, down
+// to one; a single row that cannot be read in time is refused with the fix.
+func (s *snapshotter) chunkFailed(snap journal.Snapshot, c *chunk, err error) error {
+	var to *chunkTimeout
+	if !errors.As(err, &to) || to.lock {
+		return err
+	}
+	if c.limit <= 1 {
+		return refusef("the snapshot's SELECT of a single row of %s ran longer than %s; fix: make the --where condition or the publication's row filter cheap to evaluate (an index on its columns), then start a new snapshot",
+			c.entity, snapshotStatementTimeout)
+	}
+	s.mu.Lock()
+	s.shrunk[snap.ID] = max(1, c.limit/4)
+	s.mu.Unlock()
+	return err
+}
 
 // emit commits a watermark message in its own transaction.
 func (s *snapshotter) emit(ctx context.Context, conn *pgx.Conn, w watermark) error {
@@ -635,23 +794,60 @@ const recentXids = 1 << 16
 // an in-progress transaction that commits after the low watermark is seen
 // by the window or comes after the reads.
 
-// read SELECTs one chunk into c, in a REPEATABLE READ transaction whose
-// snapshot's in-progress transactions it records in c.invisible.
+// read SELECTs one chunk into c and commits its high watermark, in one
+// REPEATABLE READ transaction that locks the table before it takes its
+// snapshot and holds the lock until the high watermark is committed:
+//
+//   - A table-rewriting ALTER TABLE or a TRUNCATE is not MVCC-safe: one
+//     that commits after a snapshot was taken leaves that snapshot reading
+//     an empty table. With the lock taken first, such a statement either
+//     committed before the snapshot (its rows are visible) or waits until
+//     the chunk's high watermark is in the WAL, after the reads' position.
+//   - No DDL can come between the SELECT and the high watermark, so the
+//     reads, journaled at the high watermark, are in the table's shape at
+//     that point of the stream.
+//   - The table's catalog entries are read again in the same snapshot: a
+//     column added, dropped, renamed or retyped since the last chunk is
+//     read as the table now is; a table dropped and created again, or
+//     whose chunk key changed, cannot be continued (tableChanged).
+//
+// The transactions the snapshot saw in progress go to c.invisible. The lock
+// waits at most snapshotLockTimeout and the SELECT runs at most
+// snapshotStatementTimeout (session settings, see connect): a customer's
+// DDL queues behind a chunk for no longer than that.
 func (s *snapshotter) read(ctx context.Context, conn *pgx.Conn, t *snapTable, snap journal.Snapshot, lastKey []string, c *chunk) (err error) {
 	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
 		return fmt.Errorf("read snapshot chunk of %s: %w", t.entity, err)
 	}
+	registered := false
 	defer func() {
 		end := "COMMIT"
 		if err != nil {
 			end = "ROLLBACK"
 		}
-		if _, cerr := conn.Exec(context.WithoutCancel(ctx), end); cerr != nil && err == nil {
-			err = fmt.Errorf("read snapshot chunk of %s: %w", t.entity, cerr)
+		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), snapshotStatementTimeout)
+		defer cancel()
+		if _, cerr := conn.Exec(ectx, end); cerr != nil && err == nil {
+			err = fmt.Errorf("commit the high watermark of a snapshot chunk of %s: %w", t.entity, cerr)
+		}
+		if err != nil && registered {
+			s.take(c.token)
 		}
 	}()
-	// The first statement takes the transaction's snapshot; the chunk's
-	// SELECT runs in the same one.
+	// LOCK is a utility statement: it does not take the transaction's
+	// snapshot, the next statement does.
+	if _, err := conn.Exec(ctx, "LOCK TABLE "+t.lock+" IN ACCESS SHARE MODE"); err != nil {
+		return classifyChunkErr(t, snap, err)
+	}
+	nt, err := s.loadTable(ctx, conn, snap)
+	if err != nil {
+		return err
+	}
+	if err := t.continues(nt); err != nil {
+		return err
+	}
+	*t = *nt
+	c.enc = t.enc
 	var xip []int64
 	if err := conn.QueryRow(ctx, "SELECT coalesce(array_agg(x::text::bigint), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x").Scan(&xip); err != nil {
 		return fmt.Errorf("read the source's snapshot: %w", err)
@@ -660,7 +856,7 @@ func (s *snapshotter) read(ctx context.Context, conn *pgx.Conn, t *snapTable, sn
 	for i, x := range xip {
 		c.invisible[i] = uint32(x) // pgoutput's xids are the low 32 bits of xid8
 	}
-	limit := snap.ChunkSize
+	limit := c.limit
 	sql := t.chunkSQL(lastKey == nil, snap.Where, limit)
 	params := make([][]byte, len(lastKey))
 	for i, k := range lastKey {
@@ -668,12 +864,17 @@ func (s *snapshotter) read(ctx context.Context, conn *pgx.Conn, t *snapTable, sn
 	}
 	rr := conn.PgConn().ExecParams(ctx, sql, params, nil, nil, nil)
 	ncols := len(t.cols)
+	full := false // the chunk reached its byte bound before its row limit
 	for rr.NextRow() {
+		if full {
+			continue // the rest of the result is read and dropped
+		}
 		vals := rr.Values()
 		row := make([][]byte, ncols)
 		for i := 0; i < ncols; i++ {
 			if vals[i] != nil {
 				row[i] = bytes.Clone(vals[i])
+				c.bytes += len(vals[i])
 			}
 		}
 		c.rows = append(c.rows, row)
@@ -682,22 +883,82 @@ func (s *snapshotter) read(ctx context.Context, conn *pgx.Conn, t *snapTable, sn
 			key[i] = string(vals[ncols+i])
 		}
 		c.lastKey = key
+		full = c.bytes >= c.maxBytes
 	}
 	if _, err := rr.Close(); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && (pgErr.Code[:2] == "42" || pgErr.Code[:2] == "22") {
-			return refusef("the snapshot's SELECT of %s failed: %s (SQLSTATE %s); fix: correct the --where condition (it is SQL on the table's columns) and start a new snapshot: %s",
-				t.entity, pgErr.Message, pgErr.Code, sql)
-		}
-		return fmt.Errorf("read snapshot chunk of %s: %w", t.entity, err)
+		return classifyChunkErr(t, snap, err)
 	}
-	c.final = len(c.rows) < limit
+	c.final = !full && len(c.rows) < limit
 	c.keys = make([][]byte, len(c.rows))
 	for i, row := range c.rows {
 		c.keys[i] = t.enc.Values(nil, row, t.keyIdx)
 	}
+	// The high watermark commits with the read, while the lock is held.
+	s.register(c)
+	registered = true
+	return s.emit(ctx, conn, watermark{Token: c.token, Mark: "high"})
+}
+
+// continues says whether a snapshot read as t can go on as nt, the same
+// table read again: the same relation, ordered by the same key.
+func (t *snapTable) continues(nt *snapTable) error {
+	if nt.relid != t.relid {
+		return &tableChanged{entity: t.entity, what: "was dropped and created again"}
+	}
+	if !slices.Equal(nt.keyName, t.keyName) || !slices.Equal(nt.keyType, t.keyType) || !slices.Equal(nt.keyColl, t.keyColl) {
+		return &tableChanged{entity: t.entity, what: fmt.Sprintf("changed its chunk key from (%s) to (%s) (its replica identity, or a key column's name, type or collation)",
+			strings.Join(t.keyName, ", "), strings.Join(nt.keyName, ", "))}
+	}
 	return nil
 }
+
+// tableChanged is a table that changed under a running snapshot so that its
+// key order cannot be continued: the snapshot fails, saying so, and a new
+// one reads the table as it is now.
+type tableChanged struct{ entity, what string }
+
+func (e *tableChanged) Error() string {
+	return fmt.Sprintf("table %s %s while it was snapshotted, so the rest of it cannot be read in the order the snapshot began; fix: start a new snapshot of the table (walcast snapshot start --table %s)", e.entity, e.what, e.entity)
+}
+
+// classifyChunkErr says what a failed LOCK or chunk SELECT means: a table
+// gone is a refusal; a lock wait or statement that ran out of time is
+// retried; an error in the SQL is the --where condition's when one was
+// given (the rest of the statement is built from the catalog).
+func classifyChunkErr(t *snapTable, snap journal.Snapshot, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return fmt.Errorf("read snapshot chunk of %s: %w", t.entity, err)
+	}
+	switch {
+	case pgErr.Code == "42P01": // undefined_table: dropped while snapshotted
+		return &tableChanged{entity: t.entity, what: "was dropped"}
+	case pgErr.Code == "55P03" || pgErr.Code == "57014": // lock_not_available, query_canceled (statement_timeout)
+		return &chunkTimeout{entity: t.entity, lock: pgErr.Code == "55P03", cause: err}
+	case snap.Where != "" && (pgErr.Code[:2] == "42" || pgErr.Code[:2] == "22"):
+		return refusef("the snapshot's SELECT of %s failed: %s (SQLSTATE %s); fix: correct the --where condition (a boolean expression on the table's columns) and start a new snapshot",
+			t.entity, pgErr.Message, pgErr.Code)
+	}
+	return fmt.Errorf("read snapshot chunk of %s: %w", t.entity, err)
+}
+
+// chunkTimeout is a chunk whose lock wait or SELECT ran out of time: the
+// chunk is read again later (a lock wait: behind a customer's DDL), or
+// smaller (a SELECT: a selective --where or row filter walks far).
+type chunkTimeout struct {
+	entity string
+	lock   bool
+	cause  error
+}
+
+func (e *chunkTimeout) Error() string {
+	if e.lock {
+		return fmt.Sprintf("snapshot chunk of %s waited %s for its lock (the table is locked, usually by DDL); it is read again shortly: %v", e.entity, snapshotLockTimeout, e.cause)
+	}
+	return fmt.Sprintf("snapshot chunk of %s ran longer than %s; it is read again in smaller chunks: %v", e.entity, snapshotStatementTimeout, e.cause)
+}
+
+func (e *chunkTimeout) Unwrap() error { return e.cause }
 
 // window collects the keys of a table's changes between a chunk's low and
 // high watermarks. Owned by the stream loop.
@@ -706,9 +967,25 @@ type window struct {
 	entity    string
 	key       []string
 	changed   map[string]struct{}
-	committed map[uint32]struct{} // xids committed in the window
-	truncated bool
+	truncated bool // a TRUNCATE of the table: none of the chunk's rows is kept
+	unknown   bool // a change whose key is not known: the chunk is read again
+	// since is snapWindows.seq when the low watermark was met: the
+	// transactions committed in the window are those remembered after it.
+	since  uint64
+	opened time.Time
+	// evicted holds the transactions that committed before the low
+	// watermark, changed the window's table and left the ring of recent
+	// transactions while the window was open: high needs them as much as
+	// those still in the ring.
+	evicted map[uint32]struct{}
 }
+
+// maxWindowAge bounds how long a window stays open: a chunk's high
+// watermark follows its low one within a lock wait, a SELECT and a commit
+// (snapshotLockTimeout + snapshotStatementTimeout, and the round trips), so
+// an older window belongs to a worker that gave up; its chunk, if its high
+// watermark still comes, is read again.
+const maxWindowAge = 5 * time.Minute
 
 // snapWindows is the stream loop's side of the algorithm.
 type snapWindows struct {
@@ -716,24 +993,27 @@ type snapWindows struct {
 	open     []*window // in low watermark order
 	progress map[*decoder.Transaction]*journal.SnapshotProgress
 
-	// recent holds the newest recentXids committed transactions (ring, in
-	// commit order) with the tables they changed, so high can tell
-	// whether a transaction the chunk's SELECT saw in progress had
-	// changed the chunk's table and committed before the low watermark.
 	// expect and rows are per snapshot: the chunk number the loop takes
 	// next, and the read entries journaled so far (from a base chunk on).
 	expect map[int64]int64
 	rows   map[int64]int64
 
+	// recent holds the newest recentXids committed transactions (ring, in
+	// commit order) with the tables they changed and their seq, so high
+	// can tell whether a transaction the chunk's SELECT saw in progress
+	// committed in the window, or before it having changed the chunk's
+	// table. seq counts the transactions remembered.
 	recent  map[uint32]touched // xid → the newest of its ring entries
 	ring    []uint32
 	ringPos int
+	seq     uint64
 }
 
 // touched is what a remembered transaction changed: up to two entities,
 // or many (more, or not known).
 type touched struct {
-	n    int // ring entries with this xid (2 only after xid wraparound)
+	n    int    // ring entries with this xid (2 only after xid wraparound)
+	seq  uint64 // the newest entry's
 	ents [2]string
 	k    int
 	many bool
@@ -769,11 +1049,22 @@ func (w *snapWindows) remember(xid uint32, t touched) {
 		w.recent = make(map[uint32]touched, recentXids)
 		w.ring = make([]uint32, 0, recentXids)
 	}
+	w.seq++
 	if len(w.ring) < recentXids {
 		w.ring = append(w.ring, xid)
 	} else {
 		old := w.ring[w.ringPos]
-		if o := w.recent[old]; o.n <= 1 {
+		o := w.recent[old]
+		oseq := w.seq - recentXids // the evicted entry's seq
+		for _, win := range w.open {
+			if oseq <= win.since && o.has(win.entity) {
+				if win.evicted == nil {
+					win.evicted = map[uint32]struct{}{}
+				}
+				win.evicted[old] = struct{}{}
+			}
+		}
+		if o.n <= 1 {
 			delete(w.recent, old)
 		} else {
 			o.n--
@@ -783,6 +1074,7 @@ func (w *snapWindows) remember(xid uint32, t touched) {
 		w.ringPos = (w.ringPos + 1) % recentXids
 	}
 	t.n = w.recent[xid].n + 1
+	t.seq = w.seq
 	w.recent[xid] = t
 }
 
@@ -793,12 +1085,26 @@ func (w *snapWindows) remember(xid uint32, t touched) {
 // chunks (nil when none).
 func (w *snapWindows) process(txs []*decoder.Transaction) ([]*decoder.Transaction, map[*decoder.Transaction]*journal.SnapshotProgress) {
 	w.progress = nil
+	now := time.Now()
+	for len(w.open) > 0 && now.Sub(w.open[0].opened) > maxWindowAge {
+		w.open = w.open[1:]
+	}
 	for i, tx := range txs {
-		for _, win := range w.open {
-			win.committed[tx.Xid] = struct{}{}
+		// Which tables it changed matters only while a snapshot runs;
+		// otherwise it counts as touching every table (a chunk that
+		// follows may read again, never miss a change), and the hot path
+		// does not pay for the counting.
+		t := touched{many: true}
+		if w.s.active.Load() > 0 || len(w.open) > 0 {
+			t = touchedBy(tx)
 		}
-		if len(w.open) > 0 && tx.Len() > 0 {
-			w.observe(tx)
+		if tx.Len() > 0 {
+			for _, win := range w.open {
+				if t.has(win.entity) {
+					w.observe(tx)
+					break
+				}
+			}
 		}
 		for _, ctl := range tx.Controls() {
 			var m watermark
@@ -808,26 +1114,17 @@ func (w *snapWindows) process(txs []*decoder.Transaction) ([]*decoder.Transactio
 			switch m.Mark {
 			case "low":
 				w.open = append(w.open, &window{token: m.Token, entity: m.Entity, key: m.Key, changed: map[string]struct{}{},
-					committed: map[uint32]struct{}{}})
+					since: w.seq, opened: now})
 				if len(w.open) > maxWindows {
 					w.open = w.open[1:]
 				}
 			case "high":
 				if out := w.high(tx, m.Token); out != nil {
 					txs[i] = out
-					tx = out
 				}
 			}
 		}
-		// Which tables it changed matters only while a snapshot runs;
-		// otherwise it counts as touching every table (a chunk that
-		// follows may read again, never miss a change), and the hot path
-		// does not pay for the counting.
-		t := touched{many: true}
-		if w.s.active.Load() > 0 {
-			t = touchedBy(txs[i])
-		}
-		w.remember(txs[i].Xid, t)
+		w.remember(tx.Xid, t)
 	}
 	return txs, w.progress
 }
@@ -845,41 +1142,50 @@ func (w *snapWindows) observe(tx *decoder.Transaction) {
 				win.truncated = true
 				continue
 			}
-			for _, k := range changeKeys(c.Body, win.key) {
+			keys, ok := changeKeys(c.Body, win.key)
+			if !ok {
+				// A change whose key cannot be told: the chunk may hold
+				// its row, so it is read again.
+				win.unknown = true
+				continue
+			}
+			for _, k := range keys {
 				win.changed[k] = struct{}{}
 			}
 		}
 	}
 	if err := it.Err(); err != nil {
-		// A spilled transaction that cannot be read again: be safe and
-		// treat every open window's chunk as changed.
+		// A spilled transaction that cannot be read again: its keys are
+		// not known, so every open window's chunk is read again.
 		for _, win := range w.open {
-			win.truncated = true
+			win.unknown = true
 		}
 	}
 }
 
 // changeKeys returns the chunk key values (as RowEncoder.Values encodes
 // them) of a change envelope's key, before and after rows: an update that
-// moves a row to another key changes both.
-func changeKeys(body []byte, cols []string) []string {
+// moves a row to another key changes both. ok is false when the envelope
+// does not parse or carries none of them (a quarantined change without its
+// key): then its row cannot be told.
+func changeKeys(body []byte, cols []string) (keys []string, ok bool) {
 	var env struct {
+		Op                 decoder.Op
 		Key, Before, After map[string]json.RawMessage
 	}
 	if json.Unmarshal(body, &env) != nil {
-		return nil
+		return nil, false
 	}
-	var out []string
 	for _, row := range []map[string]json.RawMessage{env.Key, env.Before, env.After} {
 		if row == nil {
 			continue
 		}
 		b := []byte{'['}
-		ok := true
+		all := true
 		for i, c := range cols {
 			v, has := row[c]
 			if !has {
-				ok = false
+				all = false
 				break
 			}
 			if i > 0 {
@@ -887,11 +1193,14 @@ func changeKeys(body []byte, cols []string) []string {
 			}
 			b = append(b, v...)
 		}
-		if ok {
-			out = append(out, string(append(b, ']')))
+		if all {
+			keys = append(keys, string(append(b, ']')))
 		}
 	}
-	return out
+	if len(keys) == 0 && env.Op != decoder.OpMessage {
+		return nil, false
+	}
+	return keys, true
 }
 
 // high closes the window of token and builds the transaction that journals
@@ -919,14 +1228,16 @@ func (w *snapWindows) high(tx *decoder.Transaction, token string) *decoder.Trans
 	if c.id >= 0 && w.expect[c.id] != c.n {
 		return nil // a chunk after one the loop could not journal: c.ok stays false
 	}
-	if c.id < 0 || win == nil {
-		return nil // abandoned chunk, or its low watermark was never seen: c.ok stays false
+	if c.id < 0 || win == nil || win.unknown {
+		return nil // abandoned chunk, its low watermark never seen, or a change it cannot match: c.ok stays false
 	}
 	for _, x := range c.invisible {
-		if _, in := win.committed[x]; in {
+		t, known := w.recent[x]
+		if known && t.seq > win.since {
 			continue // committed in the window: its keys are in changed
 		}
-		if t, ok := w.recent[x]; ok && t.has(c.entity) {
+		_, evicted := win.evicted[x]
+		if evicted || known && t.has(c.entity) {
 			// Changed the chunk's table, committed before the low
 			// watermark, yet invisible to the SELECT: the chunk may lack
 			// its change. Read it again.
@@ -963,17 +1274,21 @@ func (w *snapWindows) high(tx *decoder.Transaction, token string) *decoder.Trans
 	total := w.rows[c.id] + int64(kept)
 	status := journal.SnapshotRunning
 	if c.final {
-		b.Marker(lsn, false, decoder.SnapshotMarker{ID: c.id, Entity: c.entity, Rows: total, Cancelled: c.cancelled})
-		status = journal.SnapshotDone
-		if c.cancelled {
+		b.Marker(lsn, false, decoder.SnapshotMarker{ID: c.id, Entity: c.entity, Rows: total, Cancelled: c.cancelled, Failed: c.failed})
+		switch {
+		case c.failed != "":
+			status = journal.SnapshotFailed
+		case c.cancelled:
 			status = journal.SnapshotCancelled
+		default:
+			status = journal.SnapshotDone
 		}
 	}
 	out := b.Transaction()
 	if w.progress == nil {
 		w.progress = map[*decoder.Transaction]*journal.SnapshotProgress{}
 	}
-	w.progress[out] = &journal.SnapshotProgress{ID: c.id, EndLSN: out.EndLSN, LastKey: c.lastKey, Rows: total, Chunks: c.n, Status: status}
+	w.progress[out] = &journal.SnapshotProgress{ID: c.id, EndLSN: out.EndLSN, LastKey: c.lastKey, Rows: total, Chunks: c.n, Status: status, Error: c.failed}
 	c.ok, c.kept = true, kept
 	w.rows[c.id], w.expect[c.id] = total, c.n+1
 	c.rows, c.keys = nil, nil

@@ -95,6 +95,8 @@ type snapshotEnd struct {
 		Table     string `json:"table"`
 		Rows      int64  `json:"rows"`
 		Cancelled bool   `json:"cancelled"`
+		Failed    bool   `json:"failed"`
+		Reason    string `json:"reason"`
 	} `json:"snapshot"`
 }
 

@@ -22,14 +22,17 @@ func TestSnapshotChunkInvisibleCommitReread(t *testing.T) {
 		beforeLow   []uint32 // committed before the low watermark, changing public.t
 		other       []uint32 // committed before the low watermark, changing another table only
 		inWindow    []uint32 // committed between the watermarks
+		flood       int      // then as many more commits in the window (the ring forgets what came before)
 		invisible   []uint32 // in progress for the SELECT
 		wantJournal bool
 	}{
-		{"nothing in progress", []uint32{7}, nil, nil, nil, true},
-		{"in progress, committed in the window", []uint32{7}, nil, []uint32{9}, []uint32{9}, true},
-		{"in progress, still running at the high watermark", []uint32{7}, nil, nil, []uint32{11}, true},
-		{"committed before the low watermark but invisible", []uint32{7, 8}, nil, []uint32{9}, []uint32{8, 9}, false},
-		{"committed before the low watermark, invisible, another table", []uint32{7}, []uint32{8}, nil, []uint32{8}, true},
+		{"nothing in progress", []uint32{7}, nil, nil, 0, nil, true},
+		{"in progress, committed in the window", []uint32{7}, nil, []uint32{9}, 0, []uint32{9}, true},
+		{"in progress, still running at the high watermark", []uint32{7}, nil, nil, 0, []uint32{11}, true},
+		{"committed before the low watermark but invisible", []uint32{7, 8}, nil, []uint32{9}, 0, []uint32{8, 9}, false},
+		{"committed before the low watermark, invisible, another table", []uint32{7}, []uint32{8}, nil, 0, []uint32{8}, true},
+		{"committed before the low watermark, invisible, then out of the ring", []uint32{7, 8}, nil, nil, recentXids + 10, []uint32{8}, false},
+		{"still running after a flood of commits in the window", []uint32{7}, nil, nil, recentXids + 10, []uint32{3}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -42,11 +45,13 @@ func TestSnapshotChunkInvisibleCommitReread(t *testing.T) {
 			for _, x := range tc.other {
 				w.remember(x, touched{ents: [2]string{"public.other"}, k: 1})
 			}
-			win := &window{token: "tok", entity: "public.t", key: []string{"id"}, changed: map[string]struct{}{}, committed: map[uint32]struct{}{}}
+			win := &window{token: "tok", entity: "public.t", key: []string{"id"}, changed: map[string]struct{}{}, since: w.seq}
 			w.open = []*window{win}
 			for _, x := range tc.inWindow {
-				win.committed[x] = struct{}{}
 				w.remember(x, touched{many: true})
+			}
+			for i := range tc.flood {
+				w.remember(uint32(100000+i), touched{ents: [2]string{"public.other"}, k: 1})
 			}
 			c := &chunk{token: "tok", id: 1, entity: "public.t", enc: enc, first: true, base: true, n: 1, done: make(chan struct{}),
 				rows: [][][]byte{{[]byte("1")}, {[]byte("2")}}, invisible: tc.invisible}
@@ -123,7 +128,7 @@ func TestSnapshotPipelineRejectsAfterAFailedChunk(t *testing.T) {
 	send := func(n int64, base bool, rowsBefore int64, invisible ...uint32) *chunk {
 		t.Helper()
 		tok := "tok" + strconv.FormatInt(n, 10)
-		w.open = append(w.open, &window{token: tok, entity: "public.t", key: []string{"id"}, changed: map[string]struct{}{}, committed: map[uint32]struct{}{}})
+		w.open = append(w.open, &window{token: tok, entity: "public.t", key: []string{"id"}, changed: map[string]struct{}{}, since: w.seq})
 		c := &chunk{token: tok, id: 1, entity: "public.t", enc: enc, first: n == 1, base: base, rowsBefore: rowsBefore, n: n,
 			done: make(chan struct{}), rows: [][][]byte{{[]byte(strconv.FormatInt(n*10, 10))}}, invisible: invisible}
 		c.keys = [][]byte{enc.Values(nil, c.rows[0], []int{0})}

@@ -428,7 +428,10 @@ func (r *Replicator) appendIsolated(ctx context.Context, gen int64, batch []queu
 				"xid", tx.Xid, "commit_lsn", tx.CommitLSN.String(), "end_lsn", tx.EndLSN.String(), "changes", tx.Len(), "cause", err,
 				"fix", "each entry keeps the change's bytes in quarantine.raw; report the cause as a walcast bug, and refetch the rows by key from the source if consumers need them")
 			q := decoder.QuarantineTransaction(tx, decoder.ReasonAppendFailed, err.Error())
-			res, err = r.appendBatch(ctx, gen, []queueItem{{tx: q}})
+			// A snapshot chunk's progress goes with its quarantine entries:
+			// without it the chunk would be read, refused and quarantined
+			// again and again.
+			res, err = r.appendBatch(ctx, gen, []queueItem{{tx: q, snap: it[0].snap}})
 			if err == nil {
 				r.quarantined.add(decoder.ReasonAppendFailed, uint64(res.Entries))
 			}

@@ -1,0 +1,313 @@
+package replication
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/journal"
+)
+
+// startSnapshot requests a snapshot of public.<table> and waits until it
+// has journaled at least chunks chunks.
+func startSnapshot(t *testing.T, f *fixture, table string, chunkSize int, chunks int64) int64 {
+	t.Helper()
+	id, err := f.j.RequestSnapshot(context.Background(), journal.SnapshotRequest{Schema: "public", Table: table, ChunkSize: chunkSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, fmt.Sprintf("%d chunks of snapshot %d", chunks, id), 60*time.Second, func() bool {
+		s, err := f.j.SnapshotByID(context.Background(), id)
+		return err == nil && s.Chunks >= chunks
+	})
+	return id
+}
+
+// endOf returns the snapshot-end of snapshot id in es, and how many there are.
+func endOf(t *testing.T, es []journal.Entry, id int64) (end snapshotEnd, found int) {
+	t.Helper()
+	for _, e := range es {
+		if e.Op != decoder.OpSnapshotEnd {
+			continue
+		}
+		var m snapshotEnd
+		if err := json.Unmarshal(e.Envelope, &m); err != nil {
+			t.Fatal(err)
+		}
+		if m.Snapshot.ID == id {
+			end = m
+			found++
+		}
+	}
+	return end, found
+}
+
+// TestSnapshotRewritingAlterMidway: an ALTER TABLE that rewrites the table
+// (a column's type changed) while the table is snapshotted in small chunks.
+// Rewritten tuples are invisible to a snapshot taken before the rewrite
+// committed, so a chunk whose snapshot came first read an empty table and
+// ended the snapshot, without the rest of the rows. The chunk's lock is
+// taken before its snapshot: the table rebuilt from the journal equals the
+// source, and the snapshot-end counts every row.
+func TestSnapshotRewritingAlterMidway(t *testing.T) {
+	const rows = 3000
+	f := newFixture(t,
+		`CREATE TABLE rw (id int PRIMARY KEY, v int, note text)`,
+		fmt.Sprintf(`INSERT INTO rw SELECT g, g * 3, 'n' || g FROM generate_series(1, %d) g`, rows),
+		`ALTER PUBLICATION pub ADD TABLE rw`)
+	run := f.start(f.config())
+	waitFor(t, "active role", 10*time.Second, func() bool { return run.r.State().Role == RoleActive })
+	id := startSnapshot(t, f, "rw", 20, 3)
+	// Each rewrite takes ACCESS EXCLUSIVE and rewrites every row; the
+	// snapshot's chunks go on around them.
+	for _, typ := range []string{"bigint", "numeric", "int"} {
+		execSQL(t, f.url, `ALTER TABLE rw ALTER COLUMN v TYPE `+typ)
+		time.Sleep(50 * time.Millisecond)
+	}
+	s := waitSnapshot(t, f, id, 120*time.Second)
+	if s.Status != journal.SnapshotDone {
+		t.Fatalf("snapshot ended %s: %s", s.Status, s.Error)
+	}
+	es := caughtUp(t, f, "after-rewrite")
+	v := tableValidator{entity: "public.rw", key: []string{"id"}}
+	got, _, reads := v.rebuild(t, es)
+	v.compare(t, got, v.source(t, f.url, "rw", ""))
+	if end, n := endOf(t, es, id); n != 1 || end.Snapshot.Rows != rows || reads != rows {
+		t.Fatalf("%d snapshot-ends, the last counting %d rows; %d reads; want one end and %d", n, end.Snapshot.Rows, reads, rows)
+	}
+}
+
+// TestSnapshotColumnDDLMidway: columns added (with a volatile default, a
+// rewrite), renamed and dropped while the table is snapshotted. Each chunk
+// reads the table as it is when the chunk runs, so no DDL of the table's
+// other columns ends the snapshot: it ends done, every row of the table is
+// in the journal, and every value the journal holds for a column the table
+// still has is the table's.
+func TestSnapshotColumnDDLMidway(t *testing.T) {
+	const rows = 2000
+	f := newFixture(t,
+		`CREATE TABLE cd (id int PRIMARY KEY, a text, b int, c text)`,
+		fmt.Sprintf(`INSERT INTO cd SELECT g, 'a' || g, g, 'c' || g FROM generate_series(1, %d) g`, rows),
+		`ALTER PUBLICATION pub ADD TABLE cd`)
+	run := f.start(f.config())
+	waitFor(t, "active role", 10*time.Second, func() bool { return run.r.State().Role == RoleActive })
+	id := startSnapshot(t, f, "cd", 10, 2)
+	for _, ddl := range []string{
+		`ALTER TABLE cd ADD COLUMN r float8 DEFAULT random()`,
+		`ALTER TABLE cd RENAME COLUMN a TO a2`,
+		`ALTER TABLE cd DROP COLUMN c`,
+		`ALTER TABLE cd ADD COLUMN d int DEFAULT 7`,
+	} {
+		time.Sleep(150 * time.Millisecond)
+		execSQL(t, f.url, ddl)
+	}
+	s := waitSnapshot(t, f, id, 120*time.Second)
+	if s.Status != journal.SnapshotDone {
+		t.Fatalf("snapshot ended %s: %s", s.Status, s.Error)
+	}
+	es := caughtUp(t, f, "after-column-ddl")
+	v := tableValidator{entity: "public.cd", key: []string{"id"}}
+	got, _, reads := v.rebuild(t, es)
+	want := v.source(t, f.url, "cd", "")
+	if len(got) != len(want) || reads != rows {
+		t.Fatalf("journal holds %d rows (%d reads), the table %d", len(got), reads, len(want))
+	}
+	newShape := 0
+	for k, w := range want {
+		g, ok := got[k]
+		if !ok {
+			t.Fatalf("row %s missing from the journal", k)
+		}
+		for col, gv := range g {
+			if wv, ok := w[col]; ok && wv != gv {
+				t.Fatalf("row %s column %s: journal %v, table %v", k, col, gv, wv)
+			}
+		}
+		if _, ok := g["a2"]; ok {
+			newShape++
+		}
+	}
+	if newShape == 0 {
+		t.Fatal("no read carries the renamed column: every chunk ran before the DDL")
+	}
+}
+
+// TestSnapshotReplicaIdentityIndex: a table with a primary key and
+// REPLICA IDENTITY USING INDEX on another unique index. Deletes carry only
+// the identity index's columns, so the chunks are keyed on it: a row
+// deleted (or whose key moved) inside a chunk's window is matched, and no
+// deleted row comes back.
+func TestSnapshotReplicaIdentityIndex(t *testing.T) {
+	const rows = 6000
+	f := newFixture(t,
+		`CREATE TABLE ri (id int PRIMARY KEY, u int NOT NULL, v text)`,
+		`CREATE UNIQUE INDEX ri_u ON ri (u)`,
+		`ALTER TABLE ri REPLICA IDENTITY USING INDEX ri_u`,
+		fmt.Sprintf(`INSERT INTO ri SELECT g, %d - g, 'v' || g FROM generate_series(1, %d) g`, rows+1, rows),
+		`ALTER PUBLICATION pub ADD TABLE ri`)
+	run := f.start(f.config())
+	waitFor(t, "active role", 10*time.Second, func() bool { return run.r.State().Role == RoleActive })
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	for w := range 3 {
+		wg.Add(1)
+		go func(seed int64) {
+			defer wg.Done()
+			rnd := rand.New(rand.NewSource(seed))
+			conn, err := pgx.Connect(context.Background(), f.url)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer conn.Close(context.Background())
+			for ctx.Err() == nil {
+				u := 1 + rnd.Intn(rows)
+				var q string
+				switch rnd.Intn(3) {
+				case 0:
+					q = fmt.Sprintf(`DELETE FROM ri WHERE u = %d`, u)
+				case 1: // the primary key moves; the identity stays
+					q = fmt.Sprintf(`UPDATE ri SET id = id + %d WHERE u = %d`, 1000000*(1+rnd.Intn(9)), u)
+				case 2:
+					q = fmt.Sprintf(`UPDATE ri SET v = 'w%d' WHERE u = %d`, rnd.Int(), u)
+				}
+				if _, err := conn.Exec(context.Background(), q); err != nil && !strings.Contains(err.Error(), "duplicate key") {
+					errs <- fmt.Errorf("%s: %w", q, err)
+					return
+				}
+			}
+		}(int64(w + 11))
+	}
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	id, err := f.j.RequestSnapshot(context.Background(), journal.SnapshotRequest{Schema: "public", Table: "ri", ChunkSize: 25})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := waitSnapshot(t, f, id, 180*time.Second)
+	cancel()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if s.Status != journal.SnapshotDone {
+		t.Fatalf("snapshot ended %s: %s", s.Status, s.Error)
+	}
+	es := caughtUp(t, f, "after-ri")
+	v := tableValidator{entity: "public.ri", key: []string{"u"}}
+	got, _, _ := v.rebuild(t, es)
+	v.compare(t, got, v.source(t, f.url, "ri", ""))
+}
+
+// TestSnapshotCollatedKey: a key column declared with a collation other
+// than its type's default ("C"), in chunks smaller than the table: every
+// chunk after the first casts the last key back, and the snapshot reads
+// every row in the column's own order.
+func TestSnapshotCollatedKey(t *testing.T) {
+	f := newFixture(t,
+		`CREATE TABLE coll (k text COLLATE "C" PRIMARY KEY, v int)`,
+		`INSERT INTO coll SELECT chr(65 + g % 26) || chr(97 + g % 26) || g, g FROM generate_series(1, 500) g`,
+		`ALTER PUBLICATION pub ADD TABLE coll`)
+	run := f.start(f.config())
+	waitFor(t, "active role", 10*time.Second, func() bool { return run.r.State().Role == RoleActive })
+	id, err := f.j.RequestSnapshot(context.Background(), journal.SnapshotRequest{Schema: "public", Table: "coll", ChunkSize: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := waitSnapshot(t, f, id, 60*time.Second)
+	if s.Status != journal.SnapshotDone || s.Rows != 500 {
+		t.Fatalf("snapshot ended %s with %d rows: %s", s.Status, s.Rows, s.Error)
+	}
+	es := caughtUp(t, f, "after-coll")
+	v := tableValidator{entity: "public.coll", key: []string{"k"}}
+	got, _, _ := v.rebuild(t, es)
+	v.compare(t, got, v.source(t, f.url, "coll", ""))
+}
+
+// TestSnapshotTableChangedUnderIt: a snapshot cannot go on in the order it
+// began when the table's chunk key changes (here its replica identity) or
+// the table is dropped: it ends failed with the reason and the fix, the
+// stream carries a snapshot-end that says so (every begin has an end), and
+// a new snapshot of the table as it is now is exact.
+func TestSnapshotTableChangedUnderIt(t *testing.T) {
+	f := newFixture(t,
+		`CREATE TABLE ch (id int PRIMARY KEY, u int NOT NULL UNIQUE, v text)`,
+		`INSERT INTO ch SELECT g, -g, 'v' || g FROM generate_series(1, 2000) g`,
+		`CREATE TABLE gone (id int PRIMARY KEY)`,
+		`INSERT INTO gone SELECT generate_series(1, 2000)`,
+		`ALTER PUBLICATION pub ADD TABLE ch, gone`)
+	run := f.start(f.config())
+	waitFor(t, "active role", 10*time.Second, func() bool { return run.r.State().Role == RoleActive })
+
+	id := startSnapshot(t, f, "ch", 5, 2)
+	execSQL(t, f.url, `ALTER TABLE ch REPLICA IDENTITY USING INDEX ch_u_key`)
+	s := waitSnapshot(t, f, id, 60*time.Second)
+	if s.Status != journal.SnapshotFailed || !strings.Contains(s.Error, "chunk key") || !strings.Contains(s.Error, "fix:") {
+		t.Fatalf("snapshot after the identity changed: %s %q, want failed, naming the chunk key, with the fix", s.Status, s.Error)
+	}
+	gid := startSnapshot(t, f, "gone", 5, 2)
+	execSQL(t, f.url, `ALTER PUBLICATION pub DROP TABLE gone`, `DROP TABLE gone`)
+	g := waitSnapshot(t, f, gid, 60*time.Second)
+	if g.Status != journal.SnapshotFailed || !strings.Contains(g.Error, "fix:") {
+		t.Fatalf("snapshot of a dropped table: %s %q, want failed with the fix", g.Status, g.Error)
+	}
+	es := caughtUp(t, f, "after-changed")
+	for _, sid := range []int64{id, gid} {
+		end, n := endOf(t, es, sid)
+		if n != 1 || !end.Snapshot.Failed || !strings.Contains(end.Snapshot.Reason, "fix:") {
+			t.Fatalf("snapshot %d: %d snapshot-ends, the last %+v; want one that says it failed, with the fix", sid, n, end)
+		}
+	}
+	again, err := f.j.RequestSnapshot(context.Background(), journal.SnapshotRequest{Schema: "public", Table: "ch", ChunkSize: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := waitSnapshot(t, f, again, 60*time.Second); s.Status != journal.SnapshotDone {
+		t.Fatalf("new snapshot ended %s: %s", s.Status, s.Error)
+	}
+	es = caughtUp(t, f, "after-again")
+	v := tableValidator{entity: "public.ch", key: []string{"u"}}
+	got, _, _ := v.rebuild(t, es)
+	v.compare(t, got, v.source(t, f.url, "ch", ""))
+}
+
+// TestSnapshotWideRowsBoundedChunks: rows of 256 KB in a table snapshotted
+// with the largest chunk size: a chunk stops at its byte bound (half the
+// journal queue over every chunk in flight), so the snapshot takes many
+// small chunks instead of holding the table in memory, and is exact.
+func TestSnapshotWideRowsBoundedChunks(t *testing.T) {
+	f := newFixture(t,
+		`CREATE TABLE wide (id int PRIMARY KEY, pad text)`,
+		`ALTER TABLE wide ALTER COLUMN pad SET STORAGE EXTERNAL`,
+		`INSERT INTO wide SELECT g, repeat(md5(g::text), 8192) FROM generate_series(1, 120) g`,
+		`ALTER PUBLICATION pub ADD TABLE wide`)
+	cfg := f.config()
+	cfg.QueueMaxBytes = 16 << 20
+	run := f.start(cfg)
+	waitFor(t, "active role", 10*time.Second, func() bool { return run.r.State().Role == RoleActive })
+	id, err := f.j.RequestSnapshot(context.Background(), journal.SnapshotRequest{Schema: "public", Table: "wide", ChunkSize: journal.MaxSnapshotChunkSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := waitSnapshot(t, f, id, 120*time.Second)
+	if s.Status != journal.SnapshotDone || s.Rows != 120 {
+		t.Fatalf("snapshot ended %s with %d rows: %s", s.Status, s.Rows, s.Error)
+	}
+	// 16 MiB / (2 × 3 chunks × 2 workers) ≈ 1.4 MB a chunk: five rows.
+	if s.Chunks < 15 {
+		t.Fatalf("%d rows of 256 KB in %d chunks; want chunks bounded in bytes", s.Rows, s.Chunks)
+	}
+	es := caughtUp(t, f, "after-wide")
+	v := tableValidator{entity: "public.wide", key: []string{"id"}}
+	got, _, _ := v.rebuild(t, es)
+	v.compare(t, got, v.source(t, f.url, "wide", ""))
+}
