@@ -131,6 +131,7 @@ func (c *Config) setDefaults() {
 	if c.SnapshotParallel <= 0 {
 		c.SnapshotParallel = 2
 	}
+	c.SnapshotParallel = min(c.SnapshotParallel, MaxSnapshotParallel)
 	if c.BatchMaxTxns <= 0 {
 		c.BatchMaxTxns = 1000
 	}

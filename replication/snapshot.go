@@ -54,8 +54,13 @@ const snapshotPoll = time.Second
 
 // maxWindows bounds the watermark windows the loop keeps open: a window
 // whose high watermark never comes (the worker's connection failed between
-// the two) is dropped when it is the oldest past the bound.
-const maxWindows = 8
+// the two) is dropped when it is the oldest past the bound. A worker has
+// one window open at a time, so the workers' windows always fit.
+const maxWindows = 2 * MaxSnapshotParallel
+
+// MaxSnapshotParallel bounds Config.SnapshotParallel: each worker is a
+// connection to the source and a window the stream loop keeps.
+const MaxSnapshotParallel = 8
 
 // watermark is the content of a watermark message.
 type watermark struct {

@@ -4,7 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
-	"slices"
+
 	"sync"
 	"time"
 
@@ -97,13 +97,28 @@ func (s *snapshotter) checkPublication(ctx context.Context, conn *pgx.Conn) erro
 	if err != nil {
 		return err
 	}
+	if len(cur) == 0 {
+		// An empty list is also what a dropped publication gives: recorded,
+		// it would make every table of a publication created again "new".
+		var exists bool
+		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", s.r.cfg.Publication).Scan(&exists); err != nil {
+			return fmt.Errorf("look up publication %q: %w", s.r.cfg.Publication, err)
+		}
+		if !exists {
+			return fmt.Errorf("publication %q does not exist; fix: CREATE PUBLICATION %s FOR TABLE …, or run with the --publication that exists", s.r.cfg.Publication, pgx.Identifier{s.r.cfg.Publication}.Sanitize())
+		}
+	}
 	known, recorded, err := s.r.j.PublishedTables(ctx)
 	if err != nil {
 		return err
 	}
+	had := make(map[journal.Table]bool, len(known))
+	for _, t := range known {
+		had[t] = true
+	}
 	var added []journal.Table
 	for _, t := range cur {
-		if !slices.Contains(known, t) {
+		if !had[t] {
 			added = append(added, t)
 		}
 	}

@@ -171,3 +171,45 @@ func TestRowLimiterSpacesReservations(t *testing.T) {
 		t.Fatalf("5000 rows at 1000/s moved the next start by %s, want 5s", d)
 	}
 }
+
+// TestSnapshotNewTablesPublicationRecreated: a publication dropped and
+// created again with the same tables is not a publication of new tables.
+// While it is missing the check fails (nothing is recorded); once it is
+// back, its tables are the ones the journal knew, and none is snapshotted.
+func TestSnapshotNewTablesPublicationRecreated(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config()
+	cfg.SnapshotNewTables = true
+	r, err := New(cfg, f.j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	gen, err := f.j.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSnapshotter(r, gen)
+	conn, err := s.connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := s.checkPublication(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	execSQL(t, f.url, `DROP PUBLICATION pub`)
+	if err := s.checkPublication(ctx, conn); err == nil || !strings.Contains(err.Error(), "does not exist") || !strings.Contains(err.Error(), "fix:") {
+		t.Fatalf("check of a dropped publication: %v, want an error saying it does not exist, with the fix", err)
+	}
+	if tables, _, err := f.j.PublishedTables(ctx); err != nil || len(tables) != 2 {
+		t.Fatalf("recorded tables while the publication is missing: %v %v, want the two it had", tables, err)
+	}
+	execSQL(t, f.url, `CREATE PUBLICATION pub FOR TABLE items, other`)
+	if err := s.checkPublication(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	if ss := allSnapshots(t, f); len(ss) != 0 {
+		t.Fatalf("%d snapshots requested after the publication came back with the same tables", len(ss))
+	}
+}

@@ -82,8 +82,8 @@ database at start-up, 3 when another instance holds the slot and
 			default:
 				return usageErrorf("run: --snapshot %q: the only mode is \"initial\" (snapshot every published table when the journal is new); for one table use `walcast snapshot start --table`", snapshotMode)
 			}
-			if rc.SnapshotParallel < 1 || rc.SnapshotMaxRowsPerSecond < 0 || rc.SnapshotChunkSize < 1 || rc.SnapshotChunkSize > journal.MaxSnapshotChunkSize {
-				return usageErrorf("run: --snapshot-parallel must be at least 1, --snapshot-max-rows-per-second at least 0 and --snapshot-chunk-size from 1 to %d", journal.MaxSnapshotChunkSize)
+			if rc.SnapshotParallel < 1 || rc.SnapshotParallel > replication.MaxSnapshotParallel || rc.SnapshotMaxRowsPerSecond < 0 || rc.SnapshotChunkSize < 1 || rc.SnapshotChunkSize > journal.MaxSnapshotChunkSize {
+				return usageErrorf("run: --snapshot-parallel must be from 1 to %d (each is a connection to the source), --snapshot-max-rows-per-second at least 0 and --snapshot-chunk-size from 1 to %d", replication.MaxSnapshotParallel, journal.MaxSnapshotChunkSize)
 			}
 			rc.Logger = log
 			nf.cfg.Name = "walcast run"
