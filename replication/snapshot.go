@@ -340,6 +340,7 @@ type snapTable struct {
 	relid   uint32   // the relation's oid: a table dropped and created again is another table
 	ident   string   // relreplident
 	lock    string   // the LOCK TABLE target: the relation, quoted (a partitioned table locks its partitions too)
+	parts   []uint32 // a partitioned table's leaf partitions, by oid
 	from    string   // quoted relation, with ONLY for a plain table
 	cols    []string // published columns, quoted, in attribute order
 	keyCols []string // chunk key columns, quoted
@@ -491,6 +492,9 @@ func (s *snapshotter) loadTable(ctx context.Context, conn *pgx.Conn, snap journa
 	t := &snapTable{entity: ent, relid: relid, ident: ident, lock: qname, from: qname}
 	if kind != "p" {
 		t.from = "ONLY " + t.from
+	} else if err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(relid::oid ORDER BY relid::oid), '{}') FROM pg_partition_tree($1::oid) WHERE isleaf`,
+		relid).Scan(&t.parts); err != nil {
+		return nil, err
 	}
 	infos := make([]decoder.ColumnInfo, len(atts))
 	pos := map[int16]int{}
@@ -909,6 +913,12 @@ func (s *snapshotter) read(ctx context.Context, conn *pgx.Conn, t *snapTable, sn
 func (t *snapTable) continues(nt *snapTable) error {
 	if nt.relid != t.relid {
 		return &tableChanged{entity: t.entity, what: "was dropped and created again"}
+	}
+	if !slices.Equal(nt.parts, t.parts) {
+		// Rows of a partition attached now may lie before the snapshot's
+		// position, and the stream carries nothing for them (nor for the
+		// rows of one detached).
+		return &tableChanged{entity: t.entity, what: "had partitions attached or detached"}
 	}
 	if !slices.Equal(nt.keyName, t.keyName) || !slices.Equal(nt.keyType, t.keyType) || !slices.Equal(nt.keyColl, t.keyColl) {
 		return &tableChanged{entity: t.entity, what: fmt.Sprintf("changed its chunk key from (%s) to (%s) (its replica identity, or a key column's name, type or collation)",
