@@ -110,7 +110,7 @@ database at start-up, 3 when another instance holds the slot and
 	f.StringVar(&snapshotMode, "snapshot", "", "\"initial\": when the journal is new, snapshot every published table into the stream")
 	f.BoolVar(&rc.SnapshotNewTables, "snapshot-new-tables", false, "snapshot a table when it joins the publication while walcast runs (checked every 5s)")
 	f.BoolVar(&rc.ResnapshotAfterResync, "resnapshot-after-resync", true, "with the resync entry of --recreate-lost-slot, snapshot every published table again so consumers can rebuild from the stream")
-	f.IntVar(&rc.SnapshotParallel, "snapshot-parallel", 2, "tables snapshotted at once")
+	f.IntVar(&rc.SnapshotParallel, "snapshot-parallel", 2, "tables snapshotted at once (1 to 8)")
 	f.IntVar(&rc.SnapshotMaxRowsPerSecond, "snapshot-max-rows-per-second", 0, "cap on the rows all snapshots read per second (0: no cap)")
 	f.IntVar(&rc.SnapshotChunkSize, "snapshot-chunk-size", journal.DefaultSnapshotChunkSize, "rows per chunk of the snapshots walcast requests itself (--snapshot initial, new tables, re-snapshots)")
 	f.StringVar(&httpListen, "http-listen", "127.0.0.1:9187", "address for /metrics, /healthz and /readyz")
