@@ -338,3 +338,62 @@ func TestSnapshotWideRowsBoundedChunks(t *testing.T) {
 	got, _, _ := v.rebuild(t, es)
 	v.compare(t, got, v.source(t, f.url, "wide", ""))
 }
+
+// TestSnapshotGivesWayToALock: while a customer's transaction holds the
+// table's ACCESS EXCLUSIVE lock (as a long ALTER TABLE does), a chunk waits
+// for its lock no longer than the snapshot session's lock_timeout and is
+// read again later; the snapshot completes, exact, once the lock is gone.
+func TestSnapshotGivesWayToALock(t *testing.T) {
+	f := newFixture(t,
+		`CREATE TABLE locked (id int PRIMARY KEY, v text)`,
+		`INSERT INTO locked SELECT g, 'v' || g FROM generate_series(1, 1000) g`,
+		`ALTER PUBLICATION pub ADD TABLE locked`)
+	run := f.start(f.config())
+	waitFor(t, "active role", 10*time.Second, func() bool { return run.r.State().Role == RoleActive })
+	id := startSnapshot(t, f, "locked", 10, 2)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `BEGIN; LOCK TABLE locked IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	// Waiting behind the lock, the snapshot session must not be one of the
+	// lock's waiters for longer than its lock_timeout.
+	watch, err := pgx.Connect(ctx, f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close(ctx)
+	held := time.Now()
+	var waitedLong bool
+	for time.Since(held) < 3*snapshotLockTimeout {
+		var n int
+		if err := watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND query LIKE 'LOCK TABLE%locked%' AND now() - query_start > $1::interval`, fmt.Sprintf("%d ms", (snapshotLockTimeout+time.Second).Milliseconds())).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		waitedLong = waitedLong || n > 0
+		time.Sleep(100 * time.Millisecond)
+	}
+	mid, _ := f.j.SnapshotByID(ctx, id)
+	if _, err := conn.Exec(ctx, `INSERT INTO locked VALUES (5000, 'while locked'); COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	if waitedLong {
+		t.Fatalf("a snapshot chunk waited for its lock longer than %s", snapshotLockTimeout)
+	}
+	if mid.Status != journal.SnapshotRunning {
+		t.Fatalf("while the table was locked the snapshot became %s: %s", mid.Status, mid.Error)
+	}
+	s := waitSnapshot(t, f, id, 120*time.Second)
+	if s.Status != journal.SnapshotDone {
+		t.Fatalf("snapshot ended %s: %s", s.Status, s.Error)
+	}
+	es := caughtUp(t, f, "after-lock")
+	v := tableValidator{entity: "public.locked", key: []string{"id"}}
+	got, _, _ := v.rebuild(t, es)
+	v.compare(t, got, v.source(t, f.url, "locked", ""))
+}
