@@ -18,12 +18,21 @@ type Config struct {
 	// "walcast.".
 	MessagePrefix string
 	// ControlPrefix names the logical decoding messages that are walcast's
-	// own control signals (snapshot watermarks): a transactional message
-	// whose prefix equals it exactly is never an envelope, whatever
-	// MessagePrefix says; its content is carried on the committed
-	// Transaction (Controls) at its place in commit order. A
-	// non-transactional one is dropped. Empty: none.
+	// own control signals (snapshot watermarks): a message whose prefix
+	// equals it exactly is never an envelope, whatever MessagePrefix says.
+	// The content of a transactional one that looks like a watermark
+	// (see acceptControl: at most MaxControlBytes, starting with
+	// ControlContentStart, at most MaxControlsPerTransaction in its
+	// transaction) is carried on the committed Transaction (Controls) at
+	// its place in commit order; any other is dropped without keeping its
+	// bytes and counted (Stats.ControlsDropped, OnControlDropped). Any role
+	// may emit messages of any prefix, so nothing it sends under this one
+	// may cost more than these bounds. Empty: none.
 	ControlPrefix string
+	// OnControlDropped, when set, is called with the reason (a
+	// ControlDrop constant) of every ControlPrefix message dropped, for
+	// metrics; it must not block.
+	OnControlDropped func(reason string)
 	// TenantColumn, when set, names the column hoisted into "tenant".
 	TenantColumn string
 	// MemoryBudget bounds, in bytes, the encoded changes of all in-progress
@@ -105,6 +114,9 @@ type Stats struct {
 	Aborted      uint64 // streamed transactions aborted
 	Spilled      uint64 // transactions moved to a spill file
 	Quarantined  uint64 // changes replaced by quarantine entries (see Quarantine)
+	// ControlsDropped counts Config.ControlPrefix messages dropped as not
+	// walcast's (see Config.ControlPrefix).
+	ControlsDropped uint64
 	BufferedHigh int64  // high-water mark of in-memory change bytes
 }
 
@@ -704,17 +716,7 @@ func (d *Decoder) message(w *wire, lsn LSN) error {
 	}
 	transactional := flags&1 != 0
 	if d.cfg.ControlPrefix != "" && string(prefix) == d.cfg.ControlPrefix {
-		var tx *txState
-		switch {
-		case !transactional:
-		case d.inStream:
-			tx = d.streamTx
-		case d.cur != nil:
-			tx = d.cur
-		}
-		if tx != nil {
-			tx.controls = append(tx.controls, append([]byte(nil), content...))
-		}
+		d.control(transactional, content)
 		return nil
 	}
 	if !hasPrefix(prefix, d.cfg.MessagePrefix) {
@@ -761,6 +763,69 @@ func (d *Decoder) message(w *wire, lsn LSN) error {
 		return d.finish(tx, lsn, lsn, d.cfg.Now())
 	}
 	return nil
+}
+
+// Bounds on the control messages a transaction may carry (see
+// Config.ControlPrefix). walcast's own watermarks are emitted one per
+// transaction, in a transaction of their own, as a JSON object whose first
+// field is the token; the largest, a low watermark naming a 32-column key
+// of 63-byte names, is under 14 KiB even with every byte escaped.
+const (
+	// MaxControlBytes bounds one control message's content.
+	MaxControlBytes = 16 << 10
+	// MaxControlsPerTransaction bounds the control messages kept per
+	// transaction, so that one holds at most 64 KiB of them.
+	MaxControlsPerTransaction = 4
+	// ControlContentStart is how every control message's content starts.
+	ControlContentStart = `{"token":"`
+)
+
+// Reasons a control message is dropped (Config.OnControlDropped).
+const (
+	ControlDropNonTransactional = "non-transactional" // emitted outside any transaction
+	ControlDropTooLarge         = "too-large"         // content over MaxControlBytes
+	ControlDropNotWatermark     = "not-a-watermark"   // content not starting with ControlContentStart
+	ControlDropTooMany          = "too-many"          // past MaxControlsPerTransaction in its transaction
+)
+
+// control keeps the content of a Config.ControlPrefix message on its
+// transaction when it may be walcast's own watermark, and drops it
+// otherwise: no role can make walcast hold more than
+// MaxControlsPerTransaction × MaxControlBytes per transaction with them.
+func (d *Decoder) control(transactional bool, content []byte) {
+	var tx *txState
+	switch {
+	case !transactional:
+		d.dropControl(ControlDropNonTransactional)
+		return
+	case d.inStream:
+		tx = d.streamTx
+	case d.cur != nil:
+		tx = d.cur
+	default:
+		// A transactional message outside a transaction is a protocol
+		// violation for changes; for a control message it only means it
+		// is not one of ours.
+		d.dropControl(ControlDropNonTransactional)
+		return
+	}
+	switch {
+	case len(content) > MaxControlBytes:
+		d.dropControl(ControlDropTooLarge)
+	case !bytes.HasPrefix(content, []byte(ControlContentStart)):
+		d.dropControl(ControlDropNotWatermark)
+	case len(tx.controls) >= MaxControlsPerTransaction:
+		d.dropControl(ControlDropTooMany)
+	default:
+		tx.controls = append(tx.controls, append([]byte(nil), content...))
+	}
+}
+
+func (d *Decoder) dropControl(reason string) {
+	d.stats.ControlsDropped++
+	if d.cfg.OnControlDropped != nil {
+		d.cfg.OnControlDropped(reason)
+	}
 }
 
 func (d *Decoder) streamStart(w *wire) {

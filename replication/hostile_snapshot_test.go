@@ -1,0 +1,123 @@
+package replication
+
+import (
+	"context"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/internal/pgtest"
+	"github.com/walcast/walcast/journal"
+)
+
+// heapPeak samples the heap in use until stop is called, and returns the
+// highest sample: a bound on what a burst of input made the process hold.
+func heapPeak() (stop func() uint64) {
+	var mu sync.Mutex
+	var peak uint64
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		var ms runtime.MemStats
+		for {
+			runtime.ReadMemStats(&ms)
+			mu.Lock()
+			peak = max(peak, ms.HeapInuse)
+			mu.Unlock()
+			select {
+			case <-done:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	return func() uint64 {
+		close(done)
+		<-finished
+		mu.Lock()
+		defer mu.Unlock()
+		return peak
+	}
+}
+
+// TestControlMessageFlood: any role may emit messages with walcast's
+// watermark prefix. Ten 10 MB ones in one transaction and 100k tiny ones
+// (some shaped like watermarks) in another are dropped as they arrive —
+// never held, never journaled — while the stream goes on and a snapshot
+// started afterwards completes.
+func TestControlMessageFlood(t *testing.T) {
+	f := newFixture(t, `INSERT INTO items SELECT g, 'row' || g, g FROM generate_series(1, 500) g`)
+	c := pgtest.Shared(t)
+	role := "app_" + strings.ToLower(strings.ReplaceAll(dbName(t, f.url), "_", ""))
+	role = role[:min(len(role), 40)]
+	execSQL(t, f.url, `CREATE ROLE `+role+` LOGIN PASSWORD 'pw'`, `GRANT INSERT ON items TO `+role)
+	t.Cleanup(func() {
+		execSQL(t, f.url, `DROP OWNED BY `+role+` CASCADE`)
+		execSQL(t, c.URL("postgres"), `DROP ROLE `+role)
+	})
+	appURL := c.UserURL(dbName(t, f.url), role, "pw")
+
+	run := f.start(f.config())
+	waitFor(t, "active role", 20*time.Second, func() bool { return run.r.State().Role == RoleActive })
+	caughtUp(t, f, "before-flood")
+
+	// Collect often while the flood streams, so that the peak is what is
+	// held rather than garbage awaiting collection.
+	defer debug.SetGCPercent(debug.SetGCPercent(10))
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	base := ms.HeapInuse
+	stop := heapPeak()
+	execSQL(t, appURL,
+		`BEGIN; SELECT pg_logical_emit_message(true, 'walcast.snapshot', repeat('x', 10000000)) FROM generate_series(1, 10); INSERT INTO items VALUES (100001, 'in-the-big-one', 0); COMMIT`,
+		`SELECT pg_logical_emit_message(true, 'walcast.snapshot', CASE WHEN g % 2 = 0 THEN 'x' ELSE '{"token":"evil:' || g || '"}' END) FROM generate_series(1, 100000) g`,
+		`INSERT INTO items VALUES (100002, 'after-the-flood', 0)`)
+	es := caughtUp(t, f, "after-flood")
+	peak := stop()
+	growth := int64(peak) - int64(base)
+	t.Logf("heap in use: %d MiB before the flood, peak %d MiB during it (growth %d MiB for 100 MB of control messages)",
+		base>>20, peak>>20, growth>>20)
+	if growth > 64<<20 {
+		t.Fatalf("heap in use grew by %d MiB while 100 MB of foreign control messages streamed: they must not be held", growth>>20)
+	}
+	seen := map[string]bool{}
+	for _, e := range es {
+		if strings.HasPrefix(e.Entity, "walcast.") {
+			t.Fatalf("a control message was journaled: %.200s", e.Envelope)
+		}
+		for _, tag := range []string{"in-the-big-one", "after-the-flood"} {
+			if strings.Contains(string(e.Envelope), tag) {
+				seen[tag] = true
+			}
+		}
+	}
+	if !seen["in-the-big-one"] || !seen["after-the-flood"] {
+		t.Fatalf("changes around the flood missing from the journal: %v", seen)
+	}
+
+	id, err := f.j.RequestSnapshot(context.Background(), journal.SnapshotRequest{Schema: "public", Table: "items", ChunkSize: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := waitSnapshot(t, f, id, 60*time.Second); s.Status != journal.SnapshotDone {
+		t.Fatalf("snapshot ended %s: %s", s.Status, s.Error)
+	}
+	reads := 0
+	for _, e := range caughtUp(t, f, "after-snapshot") {
+		if e.Op == decoder.OpRead {
+			reads++
+		}
+	}
+	if reads != 502 {
+		t.Fatalf("%d reads, want 502", reads)
+	}
+	if n := run.r.Stats().Reconnects.Load(); n != 0 {
+		t.Fatalf("the session reconnected %d times: %s", n, run.r.State().LastError)
+	}
+}
