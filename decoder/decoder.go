@@ -109,15 +109,15 @@ type Decoder struct {
 
 // Stats are counters for metrics and tests.
 type Stats struct {
-	Changes      uint64 // changes appended to transactions (including later aborted ones)
-	Committed    uint64 // transactions committed
-	Aborted      uint64 // streamed transactions aborted
-	Spilled      uint64 // transactions moved to a spill file
-	Quarantined  uint64 // changes replaced by quarantine entries (see Quarantine)
+	Changes     uint64 // changes appended to transactions (including later aborted ones)
+	Committed   uint64 // transactions committed
+	Aborted     uint64 // streamed transactions aborted
+	Spilled     uint64 // transactions moved to a spill file
+	Quarantined uint64 // changes replaced by quarantine entries (see Quarantine)
 	// ControlsDropped counts Config.ControlPrefix messages dropped as not
 	// walcast's (see Config.ControlPrefix).
 	ControlsDropped uint64
-	BufferedHigh int64  // high-water mark of in-memory change bytes
+	BufferedHigh    int64 // high-water mark of in-memory change bytes
 }
 
 // New returns a Decoder with cfg's defaults filled in.
