@@ -2,6 +2,9 @@ package replication
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -119,5 +122,79 @@ func TestControlMessageFlood(t *testing.T) {
 	}
 	if n := run.r.Stats().Reconnects.Load(); n != 0 {
 		t.Fatalf("the session reconnected %d times: %s", n, run.r.State().LastError)
+	}
+}
+
+// TestDeepJSON: json and jsonb nested deeper than
+// decoder.MaxEmbeddedJSONDepth (Postgres accepts 10,001 levels) reach the
+// journal as JSON strings of their text — in columns, jsonb[] elements,
+// snapshot reads and message content (base64) — so every envelope parses
+// with encoding/json; a document at the bound is embedded.
+func TestDeepJSON(t *testing.T) {
+	f := newFixture(t, `CREATE TABLE deep (id int PRIMARY KEY, j json, jb jsonb, ja jsonb[])`, `ALTER PUBLICATION pub ADD TABLE deep`)
+	run := f.start(f.config())
+	waitFor(t, "active role", 20*time.Second, func() bool { return run.r.State().Role == RoleActive })
+	depths := []int{decoder.MaxEmbeddedJSONDepth, decoder.MaxEmbeddedJSONDepth + 1, 9999, 10001}
+	doc := func(n int) string { return strings.Repeat("[", n) + "1" + strings.Repeat("]", n) }
+	for _, n := range depths {
+		d := fmt.Sprintf(`repeat('[', %d) || '1' || repeat(']', %d)`, n, n)
+		execSQL(t, f.url, fmt.Sprintf(`INSERT INTO deep VALUES (%d, (%s)::json, (%s)::jsonb, ARRAY[(%s)::jsonb])`, n, d, d, d),
+			fmt.Sprintf(`SELECT pg_logical_emit_message(true, 'walcast.deep%d', %s)`, n, d))
+	}
+	id, err := f.j.RequestSnapshot(context.Background(), journal.SnapshotRequest{Schema: "public", Table: "deep"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := waitSnapshot(t, f, id, 60*time.Second); s.Status != journal.SnapshotDone {
+		t.Fatalf("snapshot ended %s: %s", s.Status, s.Error)
+	}
+	inserts, reads, messages := 0, 0, 0
+	for _, e := range caughtUp(t, f, "after-deep") {
+		if e.Entity != "public.deep" && !strings.HasPrefix(e.Entity, "walcast.deep") {
+			continue
+		}
+		var env decoder.Envelope
+		if err := json.Unmarshal(e.Envelope, &env); err != nil {
+			t.Fatalf("entry %d (%s %s) does not parse: %v", e.Seq, e.Entity, e.Op, err)
+		}
+		switch env.Op {
+		case decoder.OpInsert, decoder.OpRead:
+			var n int
+			if err := json.Unmarshal(env.Key["id"], &n); err != nil {
+				t.Fatal(err)
+			}
+			want := doc(n)
+			if n > decoder.MaxEmbeddedJSONDepth {
+				q, _ := json.Marshal(want)
+				want = string(q)
+			}
+			for _, c := range []string{"j", "jb"} {
+				if string(env.After[c]) != want {
+					t.Errorf("%s of depth %d: after.%s = %.30s…", env.Op, n, c, env.After[c])
+				}
+			}
+			if string(env.After["ja"]) != "["+want+"]" {
+				t.Errorf("%s of depth %d: after.ja = %.30s…", env.Op, n, env.After["ja"])
+			}
+			if env.Op == decoder.OpInsert {
+				inserts++
+			} else {
+				reads++
+			}
+		case decoder.OpMessage:
+			var n int
+			fmt.Sscanf(env.Prefix, "walcast.deep%d", &n)
+			want := doc(n)
+			if n > decoder.MaxEmbeddedJSONDepth {
+				want = `"` + base64.StdEncoding.EncodeToString([]byte(want)) + `"`
+			}
+			if string(env.Content) != want {
+				t.Errorf("message of depth %d: content %.30s…", n, env.Content)
+			}
+			messages++
+		}
+	}
+	if inserts != len(depths) || reads != len(depths) || messages != len(depths) {
+		t.Fatalf("%d inserts, %d reads, %d messages; want %d of each", inserts, reads, messages, len(depths))
 	}
 }
