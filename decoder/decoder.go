@@ -58,6 +58,16 @@ type Config struct {
 	// OnQuarantine, when set, is called with the reason of every change the
 	// decoder replaces by a quarantine entry (for metrics; it must not block).
 	OnQuarantine func(reason string)
+	// KeyColumns, when set, names the primary-key columns of a relation
+	// whose replica identity is FULL (pgoutput then marks every column as
+	// a key column), or nil when it has none. It is asked once per Relation
+	// message of such a relation, on the caller's goroutine; its answer is
+	// used only for quarantine entries, whose key and old key (see
+	// Quarantine) would otherwise be the whole row — too large to carry for
+	// a row too large to journal. The names are matched against the
+	// relation's published columns; when any is missing, the whole row is
+	// the key as without it.
+	KeyColumns func(relID uint32, schema, table string) []string
 	// Now stamps the commitTime of non-transactional logical messages, which
 	// belong to no commit. Default time.Now.
 	Now func() time.Time
@@ -105,6 +115,15 @@ type Decoder struct {
 
 	stats    Stats
 	msgCount map[string]*EntityCounters // cfg.Counters' entries by message prefix
+
+	// qkeys holds, by relation OID, the column indexes of the primary key
+	// of a relation whose every column is a key column (Config.KeyColumns).
+	qkeys map[uint32][]int
+	// The row change being added, while add runs, for quarantine entries'
+	// keys: its relation, its new row (nil for a delete) and its old row
+	// (nil when none was sent).
+	rowRel         *relation
+	rowNew, rowOld []tval
 }
 
 // Stats are counters for metrics and tests.
@@ -253,6 +272,7 @@ func (d *Decoder) Idle() bool {
 func (d *Decoder) Reset() error {
 	clear(d.rels)
 	clear(d.types)
+	clear(d.qkeys)
 	return d.discardPartial()
 }
 
@@ -343,6 +363,39 @@ func (d *Decoder) relationMsg(w *wire) {
 		rel.addColumn(string(cname), flags&1 != 0, d.resolveType(oid), &d.cfg)
 	}
 	d.rels[id] = rel
+	delete(d.qkeys, id)
+	if rel.fullKey && d.cfg.KeyColumns != nil && !rel.skip {
+		schema := string(ns)
+		if schema == "" {
+			schema = "pg_catalog"
+		}
+		d.setQuarantineKey(rel, d.cfg.KeyColumns(id, schema, string(name)))
+	}
+}
+
+// setQuarantineKey records the columns named in names, in column order, as
+// the key quarantine entries of rel's changes carry; names that are not all
+// among rel's columns are ignored.
+func (d *Decoder) setQuarantineKey(rel *relation, names []string) {
+	if len(names) == 0 {
+		return
+	}
+	var idx []int
+	for i := range rel.cols {
+		for _, n := range names {
+			if rel.cols[i].name == n {
+				idx = append(idx, i)
+				break
+			}
+		}
+	}
+	if len(idx) != len(names) {
+		return
+	}
+	if d.qkeys == nil {
+		d.qkeys = make(map[uint32][]int)
+	}
+	d.qkeys[rel.id] = idx
 }
 
 func (d *Decoder) typeMsg(w *wire) {
@@ -532,10 +585,16 @@ func (d *Decoder) change(w *wire, typ byte, lsn LSN) error {
 	buf = append(buf, '}')
 	tx.arena = buf
 	rel.counts.n[op].Add(1)
-	return d.add(tx, rec{lsn: lsn, sub: sub, op: op, tstate: tstate, entity: rel.entity, tenant: tenant,
+	d.rowRel, d.rowNew, d.rowOld = rel, nil, old
+	if typ != 'D' {
+		d.rowNew = d.tup
+	}
+	err := d.add(tx, rec{lsn: lsn, sub: sub, op: op, tstate: tstate, entity: rel.entity, tenant: tenant,
 		tenanted: rel.tenant >= 0, oldState: oldState, oldTenant: oldTenant,
 		tailOff: uint32(start), tailLen: uint32(len(buf) - start), keyOff: uint32(keyOff), keyLen: uint32(keyLen),
 		oldKeyOff: uint32(oldKeyOff), oldKeyLen: uint32(oldKeyLen)})
+	d.rowRel, d.rowNew, d.rowOld = nil, nil, nil
+	return err
 }
 
 // oldTenantOf is what an update's old row says of its tenant (see
@@ -604,20 +663,9 @@ func (d *Decoder) appendRow(buf []byte, rel *relation, tup, old []tval, onlyKey,
 			buf = append(buf, ',')
 		}
 		first = false
-		buf = append(buf, c.jsonKey...)
-		switch tv.kind {
-		case 'n':
-			buf = append(buf, "null"...)
-		case 't':
-			buf = appendValue(buf, c.typ, tv.v, &d.scratch)
-			if c.typ.kind == kJSON && !jsonNull {
-				jsonNull = isJSONNull(tv.v)
-			}
-		case 'b':
-			// Binary format is never requested; keep the bytes exactly.
-			buf = append(buf, '"')
-			buf = base64StdAppend(buf, tv.v)
-			buf = append(buf, '"')
+		buf = d.appendColumn(buf, c, tv)
+		if tv.kind == 't' && c.typ.kind == kJSON && !jsonNull {
+			jsonNull = isJSONNull(tv.v)
 		}
 	}
 	buf = append(buf, '}')
@@ -626,6 +674,41 @@ func (d *Decoder) appendRow(buf []byte, rel *relation, tup, old []tval, onlyKey,
 		buf = appendJSONNulls(buf, start, rel, tup, old, onlyKey)
 	}
 	return buf
+}
+
+// appendColumn appends `"name":value` for column c's value tv (not 'u').
+func (d *Decoder) appendColumn(buf []byte, c *column, tv tval) []byte {
+	buf = append(buf, c.jsonKey...)
+	switch tv.kind {
+	case 'n':
+		buf = append(buf, "null"...)
+	case 't':
+		buf = appendValue(buf, c.typ, tv.v, &d.scratch)
+	case 'b':
+		// Binary format is never requested; keep the bytes exactly.
+		buf = append(buf, '"')
+		buf = base64StdAppend(buf, tv.v)
+		buf = append(buf, '"')
+	}
+	return buf
+}
+
+// appendColumns appends a JSON object of the columns at idx of tup (an
+// unchanged TOAST value taken from old, as appendRow does); it reports false
+// when one of them has no value to write.
+func (d *Decoder) appendColumns(buf []byte, rel *relation, tup, old []tval, idx []int) ([]byte, bool) {
+	buf = append(buf, '{')
+	for n, i := range idx {
+		tv := rowValue(tup, old, i)
+		if tv.kind == 'u' {
+			return buf, false
+		}
+		if n > 0 {
+			buf = append(buf, ',')
+		}
+		buf = d.appendColumn(buf, &rel.cols[i], tv)
+	}
+	return append(buf, '}'), true
 }
 
 // appendTenant works out the change's tenant and appends its field.

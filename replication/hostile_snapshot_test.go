@@ -198,3 +198,32 @@ func TestDeepJSON(t *testing.T) {
 		t.Fatalf("%d inserts, %d reads, %d messages; want %d of each", inserts, reads, messages, len(depths))
 	}
 }
+
+// TestQuarantinedKeyChangeKeepsOldKey: an update that changes the primary
+// key of a row over --max-envelope-bytes is quarantined with both keys —
+// "key" the new one, "before" the old one — so that a consumer drops or
+// refetches the old row too, and the entry stays small.
+func TestQuarantinedKeyChangeKeepsOldKey(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config()
+	cfg.MaxEnvelopeBytes = 1 << 20
+	run := f.start(cfg)
+	waitFor(t, "active role", 20*time.Second, func() bool { return run.r.State().Role == RoleActive })
+	execSQL(t, f.url, `INSERT INTO items VALUES (77, repeat('y', 3 << 20), 1)`, `UPDATE items SET id = 78, val = val || 'z' WHERE id = 77`)
+	var update journal.Entry
+	for _, e := range caughtUp(t, f, "after-key-change") {
+		if e.Entity == "public.items" && strings.Contains(string(e.Envelope), `"op":"update"`) {
+			update = e
+		}
+	}
+	env := envelopeOf(t, update)
+	if env.Op != decoder.OpQuarantine || env.Quarantine.Reason != decoder.ReasonTooLarge || env.Quarantine.Op != decoder.OpUpdate {
+		t.Fatalf("update entry: %.400s", update.Envelope)
+	}
+	if string(env.Key["id"]) != "78" || len(env.Before) != 1 || string(env.Before["id"]) != "77" {
+		t.Fatalf("quarantined key change: key %v, before %v; want the new key and the old one", env.Key, env.Before)
+	}
+	if len(update.Envelope) > 4096 {
+		t.Fatalf("quarantine entry of %d bytes", len(update.Envelope))
+	}
+}
