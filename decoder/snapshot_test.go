@@ -1,6 +1,7 @@
 package decoder
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -152,5 +153,51 @@ func TestControlMessagesBounded(t *testing.T) {
 	}
 	if s := f.d.Stats(); s.ControlsDropped != 1015 {
 		t.Errorf("Stats.ControlsDropped = %d, want 1015", s.ControlsDropped)
+	}
+}
+
+// TestReadGuarded: a snapshot read goes through the same guard as a change:
+// a row over the envelope limit, or with a tenant that is not UTF-8, becomes
+// a quarantine entry standing for the read, carrying the key (the primary
+// key under REPLICA IDENTITY FULL, when known) so a consumer can refetch
+// the row; other reads are unchanged.
+func TestReadGuarded(t *testing.T) {
+	for _, full := range []bool{false, true} {
+		cols := []ColumnInfo{{Name: "org", TypeOID: 25, Key: full}, {Name: "id", TypeOID: 23, Key: true, PrimaryKey: true},
+			{Name: "body", TypeOID: 25, Key: full}}
+		enc := NewRowEncoder("public", "t", cols, "org")
+		var reasons []string
+		enc.Guard(4096, func(r string) { reasons = append(reasons, r) })
+		b := NewTxBuilder(7, 0x2000, 0x2010, testTime)
+		b.Read(enc, 0x1000, [][]byte{[]byte("acme"), []byte("1"), []byte("small")})
+		b.Read(enc, 0x1000, [][]byte{[]byte("acme"), []byte("2"), []byte(strings.Repeat("b", 5000))})
+		b.Read(enc, 0x1000, [][]byte{[]byte("acm\xe9"), []byte("3"), []byte("small")})
+		var got []Change
+		it := b.Transaction().Changes()
+		for it.Next() {
+			c := *it.Change()
+			checkChange(t, &c)
+			got = append(got, c)
+		}
+		if len(got) != 3 || got[0].Op != OpRead || !strings.Contains(string(got[0].Body), `"body":"small"`) {
+			t.Fatalf("full %v: %d entries, first %s", full, len(got), got[0].Body)
+		}
+		var big Envelope
+		if err := json.Unmarshal(got[1].Body, &big); err != nil {
+			t.Fatal(err)
+		}
+		if big.Op != OpQuarantine || big.Quarantine.Op != OpRead || big.Quarantine.Reason != ReasonTooLarge || len(got[1].Body) > 4096 {
+			t.Fatalf("full %v: oversize read: %.300s", full, got[1].Body)
+		}
+		wantKey := `{"id":2}`
+		if got[1].Key == nil || string(got[1].Key) != wantKey || got[1].Tenant != "acme" {
+			t.Fatalf("full %v: oversize read key %s tenant %q", full, got[1].Key, got[1].Tenant)
+		}
+		if got[2].Op != OpQuarantine || !strings.Contains(string(got[2].Body), ReasonTenantNotUTF8) || got[2].TenantState != TenantUnresolved {
+			t.Fatalf("full %v: read with a LATIN1 tenant: %s", full, got[2].Body)
+		}
+		if len(reasons) != 2 || reasons[0] != ReasonTooLarge || reasons[1] != ReasonTenantNotUTF8 {
+			t.Fatalf("full %v: quarantine reasons %q", full, reasons)
+		}
 	}
 }

@@ -227,3 +227,63 @@ func TestQuarantinedKeyChangeKeepsOldKey(t *testing.T) {
 		t.Fatalf("quarantine entry of %d bytes", len(update.Envelope))
 	}
 }
+
+// TestSnapshotOversizeRow: a snapshot reads rows through the same guard as
+// the stream's changes: with --max-envelope-bytes 1 MiB, the 5 MB row of a
+// table becomes a quarantine entry carrying its key (under REPLICA
+// IDENTITY FULL too: its primary key), the other rows are reads, and the
+// snapshot ends done.
+func TestSnapshotOversizeRow(t *testing.T) {
+	for _, full := range []bool{false, true} {
+		t.Run(fmt.Sprintf("full=%v", full), func(t *testing.T) {
+			setup := []string{`CREATE TABLE wide (id int PRIMARY KEY, body text)`,
+				`INSERT INTO wide SELECT g, 'row' || g FROM generate_series(1, 50) g`,
+				`INSERT INTO wide VALUES (1000, repeat('w', 5000000))`,
+				`ALTER PUBLICATION pub ADD TABLE wide`}
+			if full {
+				setup = append(setup, `ALTER TABLE wide REPLICA IDENTITY FULL`)
+			}
+			f := newFixture(t, setup...)
+			cfg := f.config()
+			cfg.MaxEnvelopeBytes = 1 << 20
+			run := f.start(cfg)
+			waitFor(t, "active role", 20*time.Second, func() bool { return run.r.State().Role == RoleActive })
+			id, err := f.j.RequestSnapshot(context.Background(), journal.SnapshotRequest{Schema: "public", Table: "wide", ChunkSize: 20})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := waitSnapshot(t, f, id, 60*time.Second); s.Status != journal.SnapshotDone {
+				t.Fatalf("snapshot ended %s: %s", s.Status, s.Error)
+			}
+			reads, quarantined := 0, 0
+			for _, e := range caughtUp(t, f, "after-wide") {
+				if e.Entity != "public.wide" {
+					continue
+				}
+				if len(e.Envelope) > 1<<20 {
+					t.Fatalf("entry %d (%s) of %d bytes over the 1 MiB limit", e.Seq, e.Op, len(e.Envelope))
+				}
+				switch e.Op {
+				case decoder.OpRead:
+					reads++
+				case decoder.OpQuarantine:
+					quarantined++
+					env := envelopeOf(t, e)
+					q := env.Quarantine
+					if q.Op != decoder.OpRead || q.Reason != decoder.ReasonTooLarge || q.Size < 5000000 || len(env.Key) != 1 || string(env.Key["id"]) != "1000" {
+						t.Fatalf("quarantined read: %.400s", e.Envelope)
+					}
+					if len(e.Envelope) > 4096 {
+						t.Fatalf("quarantine entry of %d bytes", len(e.Envelope))
+					}
+				}
+			}
+			if reads != 50 || quarantined != 1 {
+				t.Fatalf("%d reads and %d quarantine entries, want 50 and 1", reads, quarantined)
+			}
+			if n := run.r.Quarantined(decoder.ReasonTooLarge); n != 1 {
+				t.Fatalf("quarantined too-large counted %d, want 1", n)
+			}
+		})
+	}
+}
