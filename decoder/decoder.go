@@ -68,6 +68,15 @@ type Config struct {
 	// relation's published columns; when any is missing, the whole row is
 	// the key as without it.
 	KeyColumns func(relID uint32, schema, table string) []string
+	// ArrayElement, when set, describes the element type of the array type
+	// oid (or of the array at the end of oid's chain of domains) that a
+	// Type message names "_name" outside pg_catalog, where pgoutput does
+	// not say what the elements are; ok false when oid is no such array
+	// (or no longer exists). It is asked once per such Type message, on the
+	// caller's goroutine; an error ends Decode with it (the caller
+	// reconnects and the message comes again). Without it, or for a type
+	// it does not know, the elements are strings of their text.
+	ArrayElement func(oid uint32) (e ArrayElement, ok bool, err error)
 	// Now stamps the commitTime of non-transactional logical messages, which
 	// belong to no commit. Default time.Now.
 	Now func() time.Time
@@ -119,6 +128,8 @@ type Decoder struct {
 	// qkeys holds, by relation OID, the column indexes of the primary key
 	// of a relation whose every column is a key column (Config.KeyColumns).
 	qkeys map[uint32][]int
+	// elems holds Config.ArrayElement's answers by type OID.
+	elems map[uint32]ArrayElement
 	// The row change being added, while add runs, for quarantine entries'
 	// keys: its relation, its new row (nil for a delete) and its old row
 	// (nil when none was sent).
@@ -197,7 +208,8 @@ func (d *Decoder) messageCounts(prefix []byte) *EntityCounters {
 // Transactions completed by the payload are queued for Committed. A
 // malformed payload returns a *ProtocolError and leaves the decoder in an
 // unspecified state: drop the connection and Reset. Other errors come from
-// the spill file. Unknown message types are skipped.
+// the spill file or Config.ArrayElement, and call for the same. Unknown
+// message types are skipped.
 func (d *Decoder) Decode(walStart LSN, data []byte) error {
 	if len(data) == 0 {
 		return &ProtocolError{WAL: walStart, Err: ErrTruncated, Detail: "empty payload"}
@@ -215,7 +227,7 @@ func (d *Decoder) Decode(walStart LSN, data []byte) error {
 	case 'R':
 		d.relationMsg(&w)
 	case 'Y':
-		d.typeMsg(&w)
+		err = d.typeMsg(&w)
 	case 'I', 'U', 'D':
 		err = d.change(&w, data[0], walStart)
 	case 'T':
@@ -273,6 +285,7 @@ func (d *Decoder) Reset() error {
 	clear(d.rels)
 	clear(d.types)
 	clear(d.qkeys)
+	clear(d.elems)
 	return d.discardPartial()
 }
 
@@ -360,7 +373,7 @@ func (d *Decoder) relationMsg(w *wire) {
 		if !w.ok() {
 			return
 		}
-		rel.addColumn(string(cname), flags&1 != 0, d.resolveType(oid), &d.cfg)
+		rel.addColumn(string(cname), flags&1 != 0, d.columnType(oid), &d.cfg)
 	}
 	d.rels[id] = rel
 	delete(d.qkeys, id)
@@ -398,7 +411,7 @@ func (d *Decoder) setQuarantineKey(rel *relation, names []string) {
 	d.qkeys[rel.id] = idx
 }
 
-func (d *Decoder) typeMsg(w *wire) {
+func (d *Decoder) typeMsg(w *wire) error {
 	if d.inStream {
 		w.u32() // xid
 	}
@@ -406,13 +419,14 @@ func (d *Decoder) typeMsg(w *wire) {
 	ns := w.cstring()
 	name := w.cstring()
 	if !w.ok() {
-		return
+		return nil
 	}
 	ti := typeInfo{ns: string(ns), name: string(name)}
 	if ti.ns == "" {
 		ti.ns = "pg_catalog" // pgoutput sends "" for pg_catalog
 	}
 	d.types[oid] = ti
+	return d.learnElement(oid, ti)
 }
 
 // target returns the transaction a change belongs to and, inside a stream

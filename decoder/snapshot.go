@@ -37,6 +37,10 @@ type ColumnInfo struct {
 	// quarantined by the guard then carries these columns as its key rather
 	// than the whole row (see Config.KeyColumns).
 	PrimaryKey bool
+	// Element describes the elements of an array type outside pg_catalog
+	// (TypeOID at or above 10000, BaseName "_name"), as
+	// Config.ArrayElement does for the stream; zero when unknown.
+	Element ArrayElement
 }
 
 // RowEncoder encodes rows of one table, given as the text forms Postgres's
@@ -59,12 +63,18 @@ func NewRowEncoder(schema, table string, cols []ColumnInfo, tenantColumn string)
 				ns = "pg_catalog"
 			}
 			d.types[c.TypeOID] = typeInfo{ns: ns, name: c.BaseName}
+			if c.Element.Name != "" {
+				if d.elems == nil {
+					d.elems = make(map[uint32]ArrayElement)
+				}
+				d.elems[c.TypeOID] = c.Element
+			}
 		}
 	}
 	rel := newRelation(0, schema, table, &d.cfg)
 	var pk []string
 	for _, c := range cols {
-		rel.addColumn(c.Name, c.Key, d.resolveType(c.TypeOID), &d.cfg)
+		rel.addColumn(c.Name, c.Key, d.columnType(c.TypeOID), &d.cfg)
 		if c.PrimaryKey {
 			pk = append(pk, c.Name)
 		}

@@ -287,3 +287,48 @@ func TestSnapshotOversizeRow(t *testing.T) {
 		})
 	}
 }
+
+// TestArrayOfDomainValues: the elements of an array of a domain are
+// encoded exactly as the domain's base type, in inserts and snapshot reads:
+// posnum[], posnum a domain over numeric, is [42.5], as a posnum column is
+// 42.5; an array of a domain over an enum stays strings, and a domain over
+// box keeps box's ';' delimiter.
+func TestArrayOfDomainValues(t *testing.T) {
+	f := newFixture(t,
+		`CREATE DOMAIN posnum AS numeric CHECK (VALUE > 0)`,
+		`CREATE DOMAIN posnum2 AS posnum`,
+		`CREATE DOMAIN posbox AS box`,
+		`CREATE TYPE mood AS ENUM ('sad', 'ok')`,
+		`CREATE DOMAIN dmood AS mood`,
+		`CREATE DOMAIN numarr AS posnum[]`,
+		`CREATE TABLE doms (id int PRIMARY KEY, p posnum, pa posnum[], p2a posnum2[], na numarr, ba posbox[], ma dmood[])`,
+		`INSERT INTO doms VALUES (1, 42.5, '{42.5,NULL}', '{7}', '{1.5}', ARRAY['(1,1),(0,0)'::posbox, '(2,2),(1,1)'], '{sad,ok}')`,
+		`ALTER PUBLICATION pub ADD TABLE doms`)
+	run := f.start(f.config())
+	waitFor(t, "active role", 20*time.Second, func() bool { return run.r.State().Role == RoleActive })
+	execSQL(t, f.url, `INSERT INTO doms VALUES (2, 42.5, '{42.5,NULL}', '{7}', '{1.5}', ARRAY['(1,1),(0,0)'::posbox, '(2,2),(1,1)'], '{sad,ok}')`)
+	id, err := f.j.RequestSnapshot(context.Background(), journal.SnapshotRequest{Schema: "public", Table: "doms"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := waitSnapshot(t, f, id, 60*time.Second); s.Status != journal.SnapshotDone {
+		t.Fatalf("snapshot ended %s: %s", s.Status, s.Error)
+	}
+	want := map[string]string{"p": `42.5`, "pa": `[42.5,null]`, "p2a": `[7]`, "na": `[1.5]`, "ba": `["(1,1),(0,0)","(2,2),(1,1)"]`, "ma": `["sad","ok"]`}
+	seen := map[decoder.Op]int{}
+	for _, e := range caughtUp(t, f, "after-doms") {
+		if e.Entity != "public.doms" || (e.Op != decoder.OpInsert && e.Op != decoder.OpRead) {
+			continue
+		}
+		seen[e.Op]++
+		env := envelopeOf(t, e)
+		for c, v := range want {
+			if got := string(env.After[c]); got != v {
+				t.Errorf("%s of id %s: after.%s = %s, want %s", e.Op, env.Key["id"], c, got, v)
+			}
+		}
+	}
+	if seen[decoder.OpInsert] != 1 || seen[decoder.OpRead] != 2 {
+		t.Fatalf("entries %v, want 1 insert and 2 reads", seen)
+	}
+}
