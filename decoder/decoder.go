@@ -18,12 +18,21 @@ type Config struct {
 	// "walcast.".
 	MessagePrefix string
 	// ControlPrefix names the logical decoding messages that are walcast's
-	// own control signals (snapshot watermarks): a transactional message
-	// whose prefix equals it exactly is never an envelope, whatever
-	// MessagePrefix says; its content is carried on the committed
-	// Transaction (Controls) at its place in commit order. A
-	// non-transactional one is dropped. Empty: none.
+	// own control signals (snapshot watermarks): a message whose prefix
+	// equals it exactly is never an envelope, whatever MessagePrefix says.
+	// The content of a transactional one that looks like a watermark
+	// (see acceptControl: at most MaxControlBytes, starting with
+	// ControlContentStart, at most MaxControlsPerTransaction in its
+	// transaction) is carried on the committed Transaction (Controls) at
+	// its place in commit order; any other is dropped without keeping its
+	// bytes and counted (Stats.ControlsDropped, OnControlDropped). Any role
+	// may emit messages of any prefix, so nothing it sends under this one
+	// may cost more than these bounds. Empty: none.
 	ControlPrefix string
+	// OnControlDropped, when set, is called with the reason (a
+	// ControlDrop constant) of every ControlPrefix message dropped, for
+	// metrics; it must not block.
+	OnControlDropped func(reason string)
 	// TenantColumn, when set, names the column hoisted into "tenant".
 	TenantColumn string
 	// MemoryBudget bounds, in bytes, the encoded changes of all in-progress
@@ -49,6 +58,25 @@ type Config struct {
 	// OnQuarantine, when set, is called with the reason of every change the
 	// decoder replaces by a quarantine entry (for metrics; it must not block).
 	OnQuarantine func(reason string)
+	// KeyColumns, when set, names the primary-key columns of a relation
+	// whose replica identity is FULL (pgoutput then marks every column as
+	// a key column), or nil when it has none. It is asked once per Relation
+	// message of such a relation, on the caller's goroutine; its answer is
+	// used only for quarantine entries, whose key and old key (see
+	// Quarantine) would otherwise be the whole row — too large to carry for
+	// a row too large to journal. The names are matched against the
+	// relation's published columns; when any is missing, the whole row is
+	// the key as without it.
+	KeyColumns func(relID uint32, schema, table string) []string
+	// ArrayElement, when set, describes the element type of the array type
+	// oid (or of the array at the end of oid's chain of domains) that a
+	// Type message names "_name" outside pg_catalog, where pgoutput does
+	// not say what the elements are; ok false when oid is no such array
+	// (or no longer exists). It is asked once per such Type message, on the
+	// caller's goroutine; an error ends Decode with it (the caller
+	// reconnects and the message comes again). Without it, or for a type
+	// it does not know, the elements are strings of their text.
+	ArrayElement func(oid uint32) (e ArrayElement, ok bool, err error)
 	// Now stamps the commitTime of non-transactional logical messages, which
 	// belong to no commit. Default time.Now.
 	Now func() time.Time
@@ -96,16 +124,30 @@ type Decoder struct {
 
 	stats    Stats
 	msgCount map[string]*EntityCounters // cfg.Counters' entries by message prefix
+
+	// qkeys holds, by relation OID, the column indexes of the primary key
+	// of a relation whose every column is a key column (Config.KeyColumns).
+	qkeys map[uint32][]int
+	// elems holds Config.ArrayElement's answers by type OID.
+	elems map[uint32]ArrayElement
+	// The row change being added, while add runs, for quarantine entries'
+	// keys: its relation, its new row (nil for a delete) and its old row
+	// (nil when none was sent).
+	rowRel         *relation
+	rowNew, rowOld []tval
 }
 
 // Stats are counters for metrics and tests.
 type Stats struct {
-	Changes      uint64 // changes appended to transactions (including later aborted ones)
-	Committed    uint64 // transactions committed
-	Aborted      uint64 // streamed transactions aborted
-	Spilled      uint64 // transactions moved to a spill file
-	Quarantined  uint64 // changes replaced by quarantine entries (see Quarantine)
-	BufferedHigh int64  // high-water mark of in-memory change bytes
+	Changes     uint64 // changes appended to transactions (including later aborted ones)
+	Committed   uint64 // transactions committed
+	Aborted     uint64 // streamed transactions aborted
+	Spilled     uint64 // transactions moved to a spill file
+	Quarantined uint64 // changes replaced by quarantine entries (see Quarantine)
+	// ControlsDropped counts Config.ControlPrefix messages dropped as not
+	// walcast's (see Config.ControlPrefix).
+	ControlsDropped uint64
+	BufferedHigh    int64 // high-water mark of in-memory change bytes
 }
 
 // New returns a Decoder with cfg's defaults filled in.
@@ -166,7 +208,8 @@ func (d *Decoder) messageCounts(prefix []byte) *EntityCounters {
 // Transactions completed by the payload are queued for Committed. A
 // malformed payload returns a *ProtocolError and leaves the decoder in an
 // unspecified state: drop the connection and Reset. Other errors come from
-// the spill file. Unknown message types are skipped.
+// the spill file or Config.ArrayElement, and call for the same. Unknown
+// message types are skipped.
 func (d *Decoder) Decode(walStart LSN, data []byte) error {
 	if len(data) == 0 {
 		return &ProtocolError{WAL: walStart, Err: ErrTruncated, Detail: "empty payload"}
@@ -184,7 +227,7 @@ func (d *Decoder) Decode(walStart LSN, data []byte) error {
 	case 'R':
 		d.relationMsg(&w)
 	case 'Y':
-		d.typeMsg(&w)
+		err = d.typeMsg(&w)
 	case 'I', 'U', 'D':
 		err = d.change(&w, data[0], walStart)
 	case 'T':
@@ -241,6 +284,8 @@ func (d *Decoder) Idle() bool {
 func (d *Decoder) Reset() error {
 	clear(d.rels)
 	clear(d.types)
+	clear(d.qkeys)
+	clear(d.elems)
 	return d.discardPartial()
 }
 
@@ -328,12 +373,45 @@ func (d *Decoder) relationMsg(w *wire) {
 		if !w.ok() {
 			return
 		}
-		rel.addColumn(string(cname), flags&1 != 0, d.resolveType(oid), &d.cfg)
+		rel.addColumn(string(cname), flags&1 != 0, d.columnType(oid), &d.cfg)
 	}
 	d.rels[id] = rel
+	delete(d.qkeys, id)
+	if rel.fullKey && d.cfg.KeyColumns != nil && !rel.skip {
+		schema := string(ns)
+		if schema == "" {
+			schema = "pg_catalog"
+		}
+		d.setQuarantineKey(rel, d.cfg.KeyColumns(id, schema, string(name)))
+	}
 }
 
-func (d *Decoder) typeMsg(w *wire) {
+// setQuarantineKey records the columns named in names, in column order, as
+// the key quarantine entries of rel's changes carry; names that are not all
+// among rel's columns are ignored.
+func (d *Decoder) setQuarantineKey(rel *relation, names []string) {
+	if len(names) == 0 {
+		return
+	}
+	var idx []int
+	for i := range rel.cols {
+		for _, n := range names {
+			if rel.cols[i].name == n {
+				idx = append(idx, i)
+				break
+			}
+		}
+	}
+	if len(idx) != len(names) {
+		return
+	}
+	if d.qkeys == nil {
+		d.qkeys = make(map[uint32][]int)
+	}
+	d.qkeys[rel.id] = idx
+}
+
+func (d *Decoder) typeMsg(w *wire) error {
 	if d.inStream {
 		w.u32() // xid
 	}
@@ -341,13 +419,14 @@ func (d *Decoder) typeMsg(w *wire) {
 	ns := w.cstring()
 	name := w.cstring()
 	if !w.ok() {
-		return
+		return nil
 	}
 	ti := typeInfo{ns: string(ns), name: string(name)}
 	if ti.ns == "" {
 		ti.ns = "pg_catalog" // pgoutput sends "" for pg_catalog
 	}
 	d.types[oid] = ti
+	return d.learnElement(oid, ti)
 }
 
 // target returns the transaction a change belongs to and, inside a stream
@@ -520,10 +599,16 @@ func (d *Decoder) change(w *wire, typ byte, lsn LSN) error {
 	buf = append(buf, '}')
 	tx.arena = buf
 	rel.counts.n[op].Add(1)
-	return d.add(tx, rec{lsn: lsn, sub: sub, op: op, tstate: tstate, entity: rel.entity, tenant: tenant,
+	d.rowRel, d.rowNew, d.rowOld = rel, nil, old
+	if typ != 'D' {
+		d.rowNew = d.tup
+	}
+	err := d.add(tx, rec{lsn: lsn, sub: sub, op: op, tstate: tstate, entity: rel.entity, tenant: tenant,
 		tenanted: rel.tenant >= 0, oldState: oldState, oldTenant: oldTenant,
 		tailOff: uint32(start), tailLen: uint32(len(buf) - start), keyOff: uint32(keyOff), keyLen: uint32(keyLen),
 		oldKeyOff: uint32(oldKeyOff), oldKeyLen: uint32(oldKeyLen)})
+	d.rowRel, d.rowNew, d.rowOld = nil, nil, nil
+	return err
 }
 
 // oldTenantOf is what an update's old row says of its tenant (see
@@ -592,20 +677,9 @@ func (d *Decoder) appendRow(buf []byte, rel *relation, tup, old []tval, onlyKey,
 			buf = append(buf, ',')
 		}
 		first = false
-		buf = append(buf, c.jsonKey...)
-		switch tv.kind {
-		case 'n':
-			buf = append(buf, "null"...)
-		case 't':
-			buf = appendValue(buf, c.typ, tv.v, &d.scratch)
-			if c.typ.kind == kJSON && !jsonNull {
-				jsonNull = isJSONNull(tv.v)
-			}
-		case 'b':
-			// Binary format is never requested; keep the bytes exactly.
-			buf = append(buf, '"')
-			buf = base64StdAppend(buf, tv.v)
-			buf = append(buf, '"')
+		buf = d.appendColumn(buf, c, tv)
+		if tv.kind == 't' && c.typ.kind == kJSON && !jsonNull {
+			jsonNull = isJSONNull(tv.v)
 		}
 	}
 	buf = append(buf, '}')
@@ -614,6 +688,41 @@ func (d *Decoder) appendRow(buf []byte, rel *relation, tup, old []tval, onlyKey,
 		buf = appendJSONNulls(buf, start, rel, tup, old, onlyKey)
 	}
 	return buf
+}
+
+// appendColumn appends `"name":value` for column c's value tv (not 'u').
+func (d *Decoder) appendColumn(buf []byte, c *column, tv tval) []byte {
+	buf = append(buf, c.jsonKey...)
+	switch tv.kind {
+	case 'n':
+		buf = append(buf, "null"...)
+	case 't':
+		buf = appendValue(buf, c.typ, tv.v, &d.scratch)
+	case 'b':
+		// Binary format is never requested; keep the bytes exactly.
+		buf = append(buf, '"')
+		buf = base64StdAppend(buf, tv.v)
+		buf = append(buf, '"')
+	}
+	return buf
+}
+
+// appendColumns appends a JSON object of the columns at idx of tup (an
+// unchanged TOAST value taken from old, as appendRow does); it reports false
+// when one of them has no value to write.
+func (d *Decoder) appendColumns(buf []byte, rel *relation, tup, old []tval, idx []int) ([]byte, bool) {
+	buf = append(buf, '{')
+	for n, i := range idx {
+		tv := rowValue(tup, old, i)
+		if tv.kind == 'u' {
+			return buf, false
+		}
+		if n > 0 {
+			buf = append(buf, ',')
+		}
+		buf = d.appendColumn(buf, &rel.cols[i], tv)
+	}
+	return append(buf, '}'), true
 }
 
 // appendTenant works out the change's tenant and appends its field.
@@ -704,17 +813,7 @@ func (d *Decoder) message(w *wire, lsn LSN) error {
 	}
 	transactional := flags&1 != 0
 	if d.cfg.ControlPrefix != "" && string(prefix) == d.cfg.ControlPrefix {
-		var tx *txState
-		switch {
-		case !transactional:
-		case d.inStream:
-			tx = d.streamTx
-		case d.cur != nil:
-			tx = d.cur
-		}
-		if tx != nil {
-			tx.controls = append(tx.controls, append([]byte(nil), content...))
-		}
+		d.control(transactional, content)
 		return nil
 	}
 	if !hasPrefix(prefix, d.cfg.MessagePrefix) {
@@ -761,6 +860,69 @@ func (d *Decoder) message(w *wire, lsn LSN) error {
 		return d.finish(tx, lsn, lsn, d.cfg.Now())
 	}
 	return nil
+}
+
+// Bounds on the control messages a transaction may carry (see
+// Config.ControlPrefix). walcast's own watermarks are emitted one per
+// transaction, in a transaction of their own, as a JSON object whose first
+// field is the token; the largest, a low watermark naming a 32-column key
+// of 63-byte names, is under 14 KiB even with every byte escaped.
+const (
+	// MaxControlBytes bounds one control message's content.
+	MaxControlBytes = 16 << 10
+	// MaxControlsPerTransaction bounds the control messages kept per
+	// transaction, so that one holds at most 64 KiB of them.
+	MaxControlsPerTransaction = 4
+	// ControlContentStart is how every control message's content starts.
+	ControlContentStart = `{"token":"`
+)
+
+// Reasons a control message is dropped (Config.OnControlDropped).
+const (
+	ControlDropNonTransactional = "non-transactional" // emitted outside any transaction
+	ControlDropTooLarge         = "too-large"         // content over MaxControlBytes
+	ControlDropNotWatermark     = "not-a-watermark"   // content not starting with ControlContentStart
+	ControlDropTooMany          = "too-many"          // past MaxControlsPerTransaction in its transaction
+)
+
+// control keeps the content of a Config.ControlPrefix message on its
+// transaction when it may be walcast's own watermark, and drops it
+// otherwise: no role can make walcast hold more than
+// MaxControlsPerTransaction × MaxControlBytes per transaction with them.
+func (d *Decoder) control(transactional bool, content []byte) {
+	var tx *txState
+	switch {
+	case !transactional:
+		d.dropControl(ControlDropNonTransactional)
+		return
+	case d.inStream:
+		tx = d.streamTx
+	case d.cur != nil:
+		tx = d.cur
+	default:
+		// A transactional message outside a transaction is a protocol
+		// violation for changes; for a control message it only means it
+		// is not one of ours.
+		d.dropControl(ControlDropNonTransactional)
+		return
+	}
+	switch {
+	case len(content) > MaxControlBytes:
+		d.dropControl(ControlDropTooLarge)
+	case !bytes.HasPrefix(content, []byte(ControlContentStart)):
+		d.dropControl(ControlDropNotWatermark)
+	case len(tx.controls) >= MaxControlsPerTransaction:
+		d.dropControl(ControlDropTooMany)
+	default:
+		tx.controls = append(tx.controls, append([]byte(nil), content...))
+	}
+}
+
+func (d *Decoder) dropControl(reason string) {
+	d.stats.ControlsDropped++
+	if d.cfg.OnControlDropped != nil {
+		d.cfg.OnControlDropped(reason)
+	}
 }
 
 func (d *Decoder) streamStart(w *wire) {

@@ -157,15 +157,12 @@ func (d *Decoder) quarantine(tx *txState, r rec, reason, detail string) rec {
 	// key's previous row. An unresolved tenant (a key-only delete) keeps its
 	// key, so the journal resolves it as it would the delete.
 	dropTenant := r.tstate == TenantKnown && !textOK(r.tenant)
-	var key []byte
-	if !dropTenant && r.keyLen > 0 && r.keyLen <= maxQuarantineKeyBytes {
-		key = tail[r.keyOff : r.keyOff+r.keyLen]
-		if !utf8.Valid(key) {
-			key = nil
-		}
+	var key, oldKey []byte
+	if !dropTenant {
+		key, oldKey = d.quarantineKeys(tail, r)
 	}
 	q := AppendQuarantine(nil, QuarantineOf{
-		Entity: r.entity, Op: opNames[r.op], Reason: reason, Detail: detail, Body: tail, Key: key,
+		Entity: r.entity, Op: opNames[r.op], Reason: reason, Detail: detail, Body: tail, Key: key, OldKey: oldKey,
 		Tenant: r.tenant, HasTenant: r.tstate == TenantKnown, RawLimit: min(MaxQuarantineRawBytes, d.cfg.MaxEnvelopeBytes/2),
 	})
 	out := append(tx.arena[:r.tailOff], q.Tail...)
@@ -173,7 +170,8 @@ func (d *Decoder) quarantine(tx *txState, r rec, reason, detail string) rec {
 	r.tailLen = uint32(len(q.Tail))
 	r.keyOff, r.keyLen = uint32(q.KeyOff), uint32(q.KeyLen)
 	r.entity, r.op = q.Entity, opQuarantine
-	// Not an update any more: nothing of the old row is carried.
+	// Not an update any more: its old key is in the entry's "before" for
+	// consumers, but the journal tracks no tenant move for it.
 	r.oldKeyOff, r.oldKeyLen, r.oldState, r.oldTenant = 0, 0, TenantNone, ""
 	if dropTenant {
 		r.tstate, r.tenant = TenantUnresolved, ""
@@ -185,14 +183,56 @@ func (d *Decoder) quarantine(tx *txState, r rec, reason, detail string) rec {
 	return r
 }
 
+// quarantineKeys returns the key and the old key (nil when the key did not
+// change) a quarantine entry standing for r carries, each only when it is
+// valid UTF-8 of at most maxQuarantineKeyBytes. They are r's own, except
+// for a row change of a relation whose every column is a key column and
+// whose primary key is known (Config.KeyColumns): that key, taken from the
+// row being added.
+func (d *Decoder) quarantineKeys(tail []byte, r rec) (key, oldKey []byte) {
+	if r.keyLen > 0 {
+		key = tail[r.keyOff : r.keyOff+r.keyLen]
+	}
+	if r.oldKeyLen > 0 {
+		oldKey = tail[r.oldKeyOff : r.oldKeyOff+r.oldKeyLen]
+	}
+	if rel := d.rowRel; rel != nil {
+		if idx := d.qkeys[rel.id]; idx != nil {
+			key, oldKey = nil, nil
+			row := d.rowNew
+			if row == nil {
+				row = d.rowOld // a delete
+			}
+			if k, ok := d.appendColumns(nil, rel, row, d.rowOld, idx); ok {
+				key = k
+			}
+			if d.rowNew != nil && d.rowOld != nil {
+				if k, ok := d.appendColumns(nil, rel, d.rowOld, nil, idx); ok && !bytes.Equal(k, key) {
+					oldKey = k
+				}
+			}
+		}
+	}
+	fits := func(k []byte) []byte {
+		if len(k) > maxQuarantineKeyBytes || !utf8.Valid(k) {
+			return nil
+		}
+		return k
+	}
+	return fits(key), fits(oldKey)
+}
+
 // QuarantineOf describes a change to be carried as a quarantine entry.
 type QuarantineOf struct {
-	Entity    string
-	Op        Op
-	Reason    string
-	Detail    string
-	Body      []byte // the change's envelope (or its tail) as built
-	Key       []byte // its key object, when it may be carried; nil otherwise
+	Entity string
+	Op     Op
+	Reason string
+	Detail string
+	Body   []byte // the change's envelope (or its tail) as built
+	Key    []byte // its key object, when it may be carried; nil otherwise
+	// OldKey is an update's old key object when the update changed the
+	// key and it may be carried (the entry's "before"); nil otherwise.
+	OldKey    []byte
 	Tenant    string
 	HasTenant bool
 	// RawLimit bounds the Body bytes kept in the entry; 0 means
@@ -257,6 +297,11 @@ func AppendQuarantine(dst []byte, q QuarantineOf) QuarantineTail {
 		b = append(b, q.Key...)
 		out.KeyLen = len(q.Key)
 	}
+	if q.OldKey != nil {
+		// A consumer refetches both rows: the old key's may be gone.
+		b = append(b, `,"before":`...)
+		b = append(b, q.OldKey...)
+	}
 	if tenantOK {
 		b = append(b, `,"tenant":`...)
 		b = appendString(b, []byte(q.Tenant))
@@ -304,11 +349,15 @@ func (r *quarantineReader) next(c *Change) (bool, error) {
 	o := r.it.Change()
 	var key []byte
 	dropTenant := o.TenantState == TenantKnown && !textOK(o.Tenant)
+	var oldKey []byte
 	if !dropTenant && len(o.Key) > 0 && len(o.Key) <= maxQuarantineKeyBytes && utf8.Valid(o.Key) {
 		key = o.Key
 	}
+	if !dropTenant && len(o.OldKey) > 0 && len(o.OldKey) <= maxQuarantineKeyBytes && utf8.Valid(o.OldKey) {
+		oldKey = o.OldKey
+	}
 	q := AppendQuarantine(r.tail[:0], QuarantineOf{Entity: o.Entity, Op: o.Op, Reason: r.src.reason, Detail: r.src.detail,
-		Body: o.Body, Key: key, Tenant: o.Tenant, HasTenant: o.TenantState == TenantKnown})
+		Body: o.Body, Key: key, OldKey: oldKey, Tenant: o.Tenant, HasTenant: o.TenantState == TenantKnown})
 	r.tail = q.Tail
 	var off int
 	c.Body, off = appendBody(c.Body[:0], o.LSN, r.src.head, q.Tail)

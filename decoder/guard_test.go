@@ -123,6 +123,23 @@ func TestGuard(t *testing.T) {
 			},
 		},
 		{
+			name:  "update changing the key over the envelope limit keeps both keys",
+			cfg:   Config{TenantColumn: "org", MaxEnvelopeBytes: 4096},
+			setup: true,
+			msg: func(s bool) []byte {
+				return updateMsg(s, 9, 1, 'K', []any{"6", nil, nil}, "7", "acme", strings.Repeat("b", 5000))
+			},
+			check: func(t *testing.T, c *Change, env *Envelope) {
+				q := env.Quarantine
+				if c.Op != OpQuarantine || q.Reason != ReasonTooLarge || q.Op != OpUpdate || len(c.Body) > 4096 {
+					t.Fatalf("envelope %.300s", c.Body)
+				}
+				if string(c.Key) != `{"id":7}` || string(env.Before["id"]) != "6" || len(env.Before) != 1 || c.OldKey != nil {
+					t.Fatalf("key %s, before %v (old key %s) in %s", c.Key, env.Before, c.OldKey, c.Body)
+				}
+			},
+		},
+		{
 			name:  "row over the raw limit keeps only size and hash",
 			cfg:   Config{MaxEnvelopeBytes: 4 << 20},
 			setup: true,
@@ -195,5 +212,46 @@ func TestSafeEntity(t *testing.T) {
 	a, b := SafeEntity(strings.Repeat("x", 300)+"1"), SafeEntity(strings.Repeat("x", 300)+"2")
 	if a == b {
 		t.Fatalf("distinct names share %q", a)
+	}
+}
+
+// TestQuarantineKeyUnderFull: under REPLICA IDENTITY FULL every column is a
+// key column, so the key and old row of a row too large to carry are too
+// large for its quarantine entry too; with Config.KeyColumns naming the
+// table's primary key, the entry carries that key, new and old, and stays
+// small.
+func TestQuarantineKeyUnderFull(t *testing.T) {
+	big := strings.Repeat("b", 5000)
+	run := func(keyCols func(uint32, string, string) []string) (Change, Envelope) {
+		f := newFeeder(t, Config{MaxEnvelopeBytes: 4096, KeyColumns: keyCols})
+		f.feed(relationMsg(false, 0, 1, "public", "full", 'f', col{"org", 25, true}, col{"id", 23, true}, col{"body", 25, true}),
+			beginMsg(9, 0x1F00), updateMsg(false, 0, 1, 'O', []any{"acme", "6", big}, "acme", "7", big+"!"), commitMsg(0x1F00, 0x2000))
+		got := takeChanges(t, f)
+		if len(got) != 1 {
+			t.Fatalf("%d changes", len(got))
+		}
+		var env Envelope
+		if err := json.Unmarshal(got[0].Body, &env); err != nil {
+			t.Fatal(err)
+		}
+		if got[0].Op != OpQuarantine || env.Quarantine.Reason != ReasonTooLarge || len(got[0].Body) > 4096 {
+			t.Fatalf("entry of %d bytes: %.300s", len(got[0].Body), got[0].Body)
+		}
+		return got[0], env
+	}
+	var asked []string
+	c, env := run(func(rel uint32, schema, table string) []string {
+		asked = append(asked, schema+"."+table)
+		return []string{"id", "org"}
+	})
+	if string(c.Key) != `{"org":"acme","id":7}` || len(env.Before) != 2 || string(env.Before["id"]) != "6" {
+		t.Fatalf("with the primary key known: key %s, before %v", c.Key, env.Before)
+	}
+	if len(asked) != 1 || asked[0] != "public.full" {
+		t.Fatalf("KeyColumns asked for %q", asked)
+	}
+	// Without it the whole row is the key: too large to carry.
+	if c, env := run(nil); c.Key != nil || env.Before != nil {
+		t.Fatalf("without KeyColumns: key %.60s, before %v", c.Key, env.Before)
 	}
 }

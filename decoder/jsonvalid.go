@@ -1,18 +1,24 @@
 package decoder
 
-import "encoding/json"
+// MaxEmbeddedJSONDepth bounds the nesting of arrays and objects in a json or
+// jsonb value (in a column, an array element or a logical decoding
+// message's content) that is embedded in an envelope as JSON. Postgres
+// accepts deeper documents (as deep as its stack allows, 10,000 and more);
+// a JSON reader does not: encoding/json refuses input nested more than
+// 10,000 deep, and an envelope adds its own levels (envelope, row, up to six
+// of an array's dimensions) and its readers may wrap it in frames of their
+// own. A deeper value is carried as a JSON string of its text (a message's
+// content as base64), as invalid JSON is, so every envelope parses.
+const MaxEmbeddedJSONDepth = 1000
 
 // validJSON reports whether b is one JSON value (surrounded by optional
-// whitespace). It accepts exactly what encoding/json's Valid accepts and is
-// several times faster on the hot path (json and jsonb columns); input
-// nested deeper than it recurses is handed to json.Valid.
+// whitespace) nested at most MaxEmbeddedJSONDepth deep: exactly what
+// encoding/json's Valid accepts within that depth, several times faster on
+// the hot path (json and jsonb columns).
 func validJSON(b []byte) bool {
 	v := jsonValidator{b: b}
 	v.ws()
 	if !v.value(0) {
-		if v.tooDeep {
-			return json.Valid(b)
-		}
 		return false
 	}
 	v.ws()
@@ -20,9 +26,8 @@ func validJSON(b []byte) bool {
 }
 
 type jsonValidator struct {
-	b       []byte
-	i       int
-	tooDeep bool
+	b []byte
+	i int
 }
 
 func (v *jsonValidator) ws() {
@@ -44,14 +49,14 @@ func (v *jsonValidator) lit(s string) bool {
 	return true
 }
 
+// value validates one value inside depth arrays and objects.
 func (v *jsonValidator) value(depth int) bool {
 	if v.i >= len(v.b) {
 		return false
 	}
 	switch c := v.b[v.i]; {
 	case c == '{':
-		if depth >= 512 {
-			v.tooDeep = true
+		if depth >= MaxEmbeddedJSONDepth {
 			return false
 		}
 		v.i++
@@ -88,8 +93,7 @@ func (v *jsonValidator) value(depth int) bool {
 			v.i++
 		}
 	case c == '[':
-		if depth >= 512 {
-			v.tooDeep = true
+		if depth >= MaxEmbeddedJSONDepth {
 			return false
 		}
 		v.i++

@@ -32,6 +32,15 @@ type ColumnInfo struct {
 	BaseSchema string
 	BaseName   string
 	Key        bool
+	// PrimaryKey marks the columns of the table's primary key. It matters
+	// only when every column is Key (REPLICA IDENTITY FULL): a read
+	// quarantined by the guard then carries these columns as its key rather
+	// than the whole row (see Config.KeyColumns).
+	PrimaryKey bool
+	// Element describes the elements of an array type outside pg_catalog
+	// (TypeOID at or above 10000, BaseName "_name"), as
+	// Config.ArrayElement does for the stream; zero when unknown.
+	Element ArrayElement
 }
 
 // RowEncoder encodes rows of one table, given as the text forms Postgres's
@@ -54,13 +63,40 @@ func NewRowEncoder(schema, table string, cols []ColumnInfo, tenantColumn string)
 				ns = "pg_catalog"
 			}
 			d.types[c.TypeOID] = typeInfo{ns: ns, name: c.BaseName}
+			if c.Element.Name != "" {
+				if d.elems == nil {
+					d.elems = make(map[uint32]ArrayElement)
+				}
+				d.elems[c.TypeOID] = c.Element
+			}
 		}
 	}
 	rel := newRelation(0, schema, table, &d.cfg)
+	var pk []string
 	for _, c := range cols {
-		rel.addColumn(c.Name, c.Key, d.resolveType(c.TypeOID), &d.cfg)
+		rel.addColumn(c.Name, c.Key, d.columnType(c.TypeOID), &d.cfg)
+		if c.PrimaryKey {
+			pk = append(pk, c.Name)
+		}
+	}
+	if rel.fullKey {
+		d.setQuarantineKey(rel, pk)
 	}
 	return &RowEncoder{d: d, rel: rel}
+}
+
+// Guard sets what reads are checked against before they are added, as the
+// decoder checks changes (see Config): a read whose envelope exceeds
+// maxEnvelopeBytes (0: DefaultMaxEnvelopeBytes), or whose tenant is not
+// valid UTF-8 text, is added as a quarantine entry standing for it (op
+// "read" in its "quarantine"), with its key, so that a consumer can fetch
+// the row from the source; onQuarantine, when set, is called with the
+// reason of each (for metrics; it must not block).
+func (e *RowEncoder) Guard(maxEnvelopeBytes int, onQuarantine func(reason string)) {
+	if maxEnvelopeBytes <= 0 {
+		maxEnvelopeBytes = DefaultMaxEnvelopeBytes
+	}
+	e.d.cfg.MaxEnvelopeBytes, e.d.cfg.OnQuarantine = maxEnvelopeBytes, onQuarantine
 }
 
 // Entity is the table's entity name (EntityName).
@@ -120,7 +156,9 @@ func NewTxBuilder(xid uint32, commitLSN, endLSN LSN, commitTime time.Time) *TxBu
 func (b *TxBuilder) Len() int { return len(b.tx.recs) }
 
 // Read adds row (text values in column order, nil for SQL NULL) as an op
-// "read" envelope at lsn: the insert envelope of the row with op "read".
+// "read" envelope at lsn: the insert envelope of the row with op "read";
+// or, when the row cannot be carried as-is, the quarantine entry the
+// decoder's guard makes of it (see RowEncoder.Guard).
 func (b *TxBuilder) Read(e *RowEncoder, lsn LSN, row [][]byte) {
 	rel, d := e.rel, e.d
 	e.setRow(row)
@@ -145,8 +183,12 @@ func (b *TxBuilder) Read(e *RowEncoder, lsn LSN, row [][]byte) {
 	}
 	buf = append(buf, '}')
 	b.tx.arena = buf
-	b.tx.recs = append(b.tx.recs, rec{lsn: lsn, op: opRead, tstate: tstate, tenanted: rel.tenant >= 0, entity: rel.entity, tenant: tenant,
-		tailOff: uint32(start), tailLen: uint32(len(buf) - start), keyOff: uint32(keyOff), keyLen: uint32(keyLen)})
+	r := rec{lsn: lsn, op: opRead, tstate: tstate, tenanted: rel.tenant >= 0, entity: rel.entity, tenant: tenant,
+		tailOff: uint32(start), tailLen: uint32(len(buf) - start), keyOff: uint32(keyOff), keyLen: uint32(keyLen)}
+	d.rowRel, d.rowNew, d.rowOld = rel, d.tup, nil
+	r = d.guard(&b.tx, r)
+	d.rowRel, d.rowNew = nil, nil
+	b.tx.recs = append(b.tx.recs, r)
 }
 
 // SnapshotMarker is what a snapshot-begin or snapshot-end envelope says.

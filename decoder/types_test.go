@@ -2,6 +2,7 @@ package decoder
 
 import (
 	"encoding/json"
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -235,4 +236,71 @@ func BenchmarkDecodeInsertJSONNull(b *testing.B) {
 	row := benchRow(42)
 	row[8] = "null"
 	benchLoop(b, relationMsg(false, 0, 1, "public", "accounts", 'd', benchCols...), insertMsg(false, 0, 1, row...))
+}
+
+// TestArrayOfDomain: pgoutput names an array of a domain "_name" and says
+// nothing of its elements; with Config.ArrayElement (or
+// ColumnInfo.Element for snapshot reads) they are encoded exactly as the
+// domain's base type, with the element type's delimiter. Without it, or
+// for a type it does not know, they stay strings.
+func TestArrayOfDomain(t *testing.T) {
+	elems := map[uint32]ArrayElement{16601: {Schema: "pg_catalog", Name: "numeric"}, 16602: {Schema: "pg_catalog", Name: "box", Delim: ';'},
+		16603: {Schema: "public", Name: "mood"}}
+	var asked []uint32
+	lookup := func(oid uint32) (ArrayElement, bool, error) {
+		asked = append(asked, oid)
+		e, ok := elems[oid]
+		return e, ok, nil
+	}
+	row := []any{"1", "{42.5,NULL,NaN}", "{(1,1),(0,0);(2,2),(1,1)}", "{sad,ok}", "{7}"}
+	want := `"after":{"id":1,"pn":[42.5,null,"NaN"],"pb":["(1,1),(0,0)","(2,2),(1,1)"],"pm":["sad","ok"],"other":["7"]}`
+	cols := []col{{"id", 23, true}, {"pn", 16601, false}, {"pb", 16602, false}, {"pm", 16603, false}, {"other", 16604, false}}
+	f := newFeeder(t, Config{ArrayElement: lookup})
+	f.feed(typeMsg(false, 0, 16601, "public", "_posnum"), typeMsg(false, 0, 16602, "public", "_posbox"),
+		typeMsg(false, 0, 16603, "public", "_dmood"), typeMsg(false, 0, 16604, "public", "_unknown"),
+		typeMsg(false, 0, 16605, "public", "notarray"), typeMsg(false, 0, 16606, "", "_pg_attrdef"),
+		relationMsg(false, 0, 1, "public", "t", 'd', cols...), beginMsg(5, 0x2000), insertMsg(false, 0, 1, row...), commitMsg(0x2000, 0x2010))
+	got := f.take()
+	if !strings.Contains(got[0][0], want) {
+		t.Fatalf("with ArrayElement:\n%s\nwant %s", got[0][0], want)
+	}
+	if len(asked) != 4 {
+		t.Fatalf("ArrayElement asked about %v: only arrays outside pg_catalog", asked)
+	}
+
+	// A snapshot read of the same row is the same.
+	var infos []ColumnInfo
+	for _, c := range cols {
+		ci := ColumnInfo{Name: c.name, TypeOID: c.oid, Key: c.key, BaseSchema: "public", BaseName: "_x", Element: elems[c.oid]}
+		if c.oid < 10000 {
+			ci.BaseSchema, ci.BaseName = "", ""
+		}
+		infos = append(infos, ci)
+	}
+	vals := make([][]byte, len(row))
+	for i, v := range row {
+		vals[i] = []byte(v.(string))
+	}
+	b := NewTxBuilder(5, 0x2000, 0x2010, testTime)
+	b.Read(NewRowEncoder("public", "t", infos, ""), 0x1000, vals)
+	if rd := bodies(t, b.Transaction()); !strings.Contains(rd[0], want) {
+		t.Fatalf("read:\n%s\nwant %s", rd[0], want)
+	}
+
+	// Without it: strings, as documented for types pgoutput does not describe.
+	f = newFeeder(t, Config{})
+	f.feed(typeMsg(false, 0, 16601, "public", "_posnum"), relationMsg(false, 0, 1, "public", "t", 'd', col{"id", 23, true}, col{"pn", 16601, false}),
+		beginMsg(5, 0x2000), insertMsg(false, 0, 1, "1", "{42.5}"), commitMsg(0x2000, 0x2010))
+	if got := f.take(); !strings.Contains(got[0][0], `"pn":["42.5"]`) {
+		t.Fatalf("without ArrayElement: %s", got[0][0])
+	}
+
+	// A failed lookup ends Decode with its error.
+	d := New(Config{ArrayElement: func(uint32) (ArrayElement, bool, error) {
+		return ArrayElement{}, false, errors.New("catalog unreachable")
+	}})
+	defer d.Close()
+	if err := d.Decode(0x1000, typeMsg(false, 0, 16601, "public", "_posnum")); err == nil || !strings.Contains(err.Error(), "catalog unreachable") {
+		t.Fatalf("Decode = %v, want the lookup's error", err)
+	}
 }

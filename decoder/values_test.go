@@ -1,8 +1,11 @@
 package decoder
 
 import (
+	"encoding/base64"
 	"encoding/json"
+	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestAppendValue(t *testing.T) {
@@ -73,11 +76,109 @@ func FuzzValidJSON(f *testing.F) {
 		`{"a":1,}`, `"\ud800"`, `"\uzzzz"`, `1e`, `[[[[[[]]]]]]`, `{"a" 1}`, "\"\xff\"", `nul`, `-0.0e+1`} {
 		f.Add([]byte(s))
 	}
+	f.Add(nested("[", "]", MaxEmbeddedJSONDepth))
+	f.Add(nested("[", "]", MaxEmbeddedJSONDepth+1))
+	f.Add(nested(`{"a":`, "}", MaxEmbeddedJSONDepth+1))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if got, want := validJSON(b), json.Valid(b); got != want {
-			t.Fatalf("validJSON(%q) = %v, json.Valid = %v", b, got, want)
+		want := json.Valid(b) && jsonDepth(b) <= MaxEmbeddedJSONDepth
+		if got := validJSON(b); got != want {
+			t.Fatalf("validJSON(%.80q) = %v, want %v (json.Valid and depth %d)", b, got, want, jsonDepth(b))
+		}
+		if !want || !utf8.Valid(b) {
+			return
+		}
+		// Embedded at the deepest place an envelope holds a value — an
+		// element of a six-dimensional jsonb[] in "after" — the envelope
+		// still parses.
+		arr := "{{{{{{" + `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(string(b)) + `"` + "}}}}}}"
+		row := string(appendValue(nil, builtinType(3807), []byte(arr), new([]byte)))
+		env := `{"lsn":"0/1","op":"insert","after":{"ja":` + row + `,"j":` + string(appendValue(nil, builtinType(3802), b, nil)) + `}}`
+		var x any
+		if err := json.Unmarshal([]byte(env), &x); err != nil {
+			t.Fatalf("envelope embedding %.80q does not parse: %v", b, err)
 		}
 	})
+}
+
+// nested returns open repeated n times, "1", then close repeated n times.
+func nested(open, close string, n int) []byte {
+	return []byte(strings.Repeat(open, n) + "1" + strings.Repeat(close, n))
+}
+
+// jsonDepth is the deepest nesting of arrays and objects in b, counting
+// brackets outside strings.
+func jsonDepth(b []byte) int {
+	depth, deepest, inStr := 0, 0, false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case inStr && c == '\\':
+			i++
+		case c == '"':
+			inStr = !inStr
+		case inStr:
+		case c == '[' || c == '{':
+			depth++
+			deepest = max(deepest, depth)
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return deepest
+}
+
+// TestJSONDepthBound: json and jsonb nested deeper than MaxEmbeddedJSONDepth
+// (Postgres accepts any depth its stack allows) are carried as a JSON string
+// of their text, as invalid JSON is, in columns, arrays and message content,
+// so that the envelope around them never exceeds a JSON reader's depth limit
+// (encoding/json's is 10,000).
+func TestJSONDepthBound(t *testing.T) {
+	for _, n := range []int{MaxEmbeddedJSONDepth, MaxEmbeddedJSONDepth + 1, 9999, 10001} {
+		doc := nested("[", "]", n)
+		embedded := n <= MaxEmbeddedJSONDepth
+		if got := validJSON(doc); got != embedded {
+			t.Fatalf("depth %d: validJSON = %v, want %v", n, got, embedded)
+		}
+		arr := `{"` + string(doc) + `"}`
+		f := newFeeder(t, Config{})
+		f.feed(relationMsg(false, 0, 1, "public", "t", 'd', col{"id", 23, true}, col{"j", 114, false}, col{"jb", 3802, false}, col{"ja", 3807, false}),
+			beginMsg(5, 0x2000), insertMsg(false, 0, 1, "1", string(doc), string(doc), arr),
+			messageMsg(false, 0, true, 0x1f00, "walcast.m", string(doc)), commitMsg(0x2000, 0x2010))
+		got := f.take() // checks every body parses with encoding/json
+		if len(got) != 1 || len(got[0]) != 2 {
+			t.Fatalf("depth %d: %d transactions", n, len(got))
+		}
+		var env Envelope
+		if err := json.Unmarshal([]byte(got[0][0]), &env); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []string{"j", "jb"} {
+			want := string(doc)
+			if !embedded {
+				want = string(appendString(nil, doc))
+			}
+			if string(env.After[c]) != want {
+				t.Errorf("depth %d: after.%s = %.40s…, want %.40s…", n, c, env.After[c], want)
+			}
+		}
+		wantArr := "[" + string(doc) + "]"
+		if !embedded {
+			wantArr = "[" + string(appendString(nil, doc)) + "]"
+		}
+		if string(env.After["ja"]) != wantArr {
+			t.Errorf("depth %d: after.ja = %.40s…", n, env.After["ja"])
+		}
+		var msg Envelope
+		if err := json.Unmarshal([]byte(got[0][1]), &msg); err != nil {
+			t.Fatal(err)
+		}
+		wantContent := string(doc)
+		if !embedded {
+			wantContent = `"` + base64.StdEncoding.EncodeToString(doc) + `"`
+		}
+		if string(msg.Content) != wantContent {
+			t.Errorf("depth %d: message content %.40s…", n, msg.Content)
+		}
+	}
 }
 
 func TestValidJSONDeep(t *testing.T) {
