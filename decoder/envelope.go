@@ -39,8 +39,10 @@
 //   - float4, float8: JSON numbers in Postgres's shortest exact form;
 //     NaN, Infinity and -Infinity are strings.
 //   - json, jsonb: embedded as JSON when the text is valid JSON in valid
-//     UTF-8; otherwise (a SQL_ASCII database can hold such json) a JSON
-//     string of the text. The JSON literal null is embedded as null, like
+//     UTF-8 nested at most MaxEmbeddedJSONDepth (1,000) levels deep;
+//     otherwise (a SQL_ASCII database can hold such json; PostgreSQL
+//     accepts documents deeper than JSON readers do) a JSON string of the
+//     text. The JSON literal null is embedded as null, like
 //     SQL NULL; the row's JSON-null list (below) tells them apart.
 //   - bytea: the bytes in standard base64.
 //   - timestamptz: RFC 3339 in UTC with exactly six fractional digits,
@@ -58,10 +60,13 @@
 //     Type message names a domain by its base type, and only a base type in
 //     pg_catalog counts as built in: a type that merely shares a built-in's
 //     name in another schema (a public._int4) does not.
-//   - arrays of enums, composites, domains and every other type not built in
-//     (pgoutput Type messages name them "_name" but not their element type):
-//     arrays of strings of the elements' text. So an array of a domain over
-//     int4 is ["1","2"], not [1,2]; a domain over int4[] is [1,2].
+//   - arrays of enums, composites and every other type not built in:
+//     arrays of strings of the elements' text. pgoutput names an array of a
+//     domain "_name" without its element type; when the caller describes
+//     it (Config.ArrayElement; ColumnInfo.Element for snapshot reads) the
+//     elements are encoded exactly as the domain's base type (an array of a
+//     domain over int4 is [1,2]), otherwise as strings (["1","2"]). A
+//     domain over int4[] is [1,2].
 //   - the types initdb creates (OIDs from 10000 to 16383, such as those of
 //     information_schema) are not built in: pgoutput describes them in Type
 //     messages like user types, and the rules above apply.

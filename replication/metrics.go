@@ -222,6 +222,11 @@ func (r *Replicator) RegisterMetrics(meter metric.Meter) error {
 	if err != nil {
 		return err
 	}
+	controls, err := meter.Int64ObservableCounter("walcast.control_messages.dropped",
+		metric.WithDescription("walcast.snapshot logical decoding messages that are not walcast's own watermarks, dropped without being held or journaled, by reason (non-transactional, too-large, not-a-watermark, too-many); any role can emit them"))
+	if err != nil {
+		return err
+	}
 	snapChunks, err := meter.Int64ObservableCounter("walcast.snapshot.chunks",
 		metric.WithDescription("snapshot chunks journaled (their rows are walcast.journaled.changes with op read)"))
 	if err != nil {
@@ -265,11 +270,14 @@ func (r *Replicator) RegisterMetrics(meter metric.Meter) error {
 		r.quarantined.each(func(reason string, n uint64) {
 			o.ObserveInt64(quarantined, int64(n), metric.WithAttributes(attribute.String("reason", reason)))
 		})
+		r.controlsDropped.each(func(reason string, n uint64) {
+			o.ObserveInt64(controls, int64(n), metric.WithAttributes(attribute.String("reason", reason)))
+		})
 		o.ObserveInt64(snapChunks, r.snapChunks.Load())
 		o.ObserveInt64(snapRereads, r.snapRereads.Load())
 		o.ObserveInt64(snapRunning, r.snapRunning.Load())
 		return nil
-	}, role, lag, delay, gen, txs, changes, moves, batches, reconnects, decoded, journaled, quarantined, snapChunks, snapRereads, snapRunning)
+	}, role, lag, delay, gen, txs, changes, moves, batches, reconnects, decoded, journaled, quarantined, controls, snapChunks, snapRereads, snapRunning)
 	return err
 }
 

@@ -196,16 +196,17 @@ type Replicator struct {
 	j   *journal.Journal
 	log *slog.Logger
 
-	watermark   atomic.Uint64 // journaled position, shared by loop and writer
-	serverEnd   atomic.Uint64
-	cov         coverage     // covered.go
-	delay       atomic.Int64 // ns from the newest commit of the last batch to its journal commit
-	stats       Stats
-	inst        *instruments // nil until RegisterMetrics
-	tracer      trace.Tracer // no-op unless SetTracerProvider
-	decoded     *decoder.Counters
-	journaled   *decoder.Counters
-	quarantined reasonCounts // changes journaled as quarantine entries, by reason
+	watermark       atomic.Uint64 // journaled position, shared by loop and writer
+	serverEnd       atomic.Uint64
+	cov             coverage     // covered.go
+	delay           atomic.Int64 // ns from the newest commit of the last batch to its journal commit
+	stats           Stats
+	inst            *instruments // nil until RegisterMetrics
+	tracer          trace.Tracer // no-op unless SetTracerProvider
+	decoded         *decoder.Counters
+	journaled       *decoder.Counters
+	quarantined     reasonCounts // changes journaled as quarantine entries, by reason
+	controlsDropped reasonCounts // control messages dropped by the decoder, by reason
 
 	// Snapshots (walcast.snapshot.* metrics): chunks journaled, chunks
 	// read again (snapshot.go, high), snapshots being read now.

@@ -403,6 +403,7 @@ func (s *snapshotter) loadTable(ctx context.Context, conn *pgx.Conn, snap journa
 		collate    string
 		baseSchema string
 		baseName   string
+		elem       decoder.ArrayElement
 	}
 	var atts []att
 	for rows.Next() {
@@ -439,6 +440,21 @@ func (s *snapshotter) loadTable(ctx context.Context, conn *pgx.Conn, snap journa
 				break
 			}
 			oid = base
+		}
+	}
+	// The elements of arrays outside pg_catalog (arrays of domains), which
+	// pgoutput does not describe (decoder.Config.ArrayElement).
+	for i := range atts {
+		a := &atts[i]
+		if a.oid < 10000 || a.baseSchema == "pg_catalog" || !strings.HasPrefix(a.baseName, "_") {
+			continue
+		}
+		e, ok, err := lookupArrayElement(ctx, conn, a.oid)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			a.elem = e
 		}
 	}
 	// Chunk key: columns every change of a row carries, so a change inside
@@ -496,10 +512,15 @@ func (s *snapshotter) loadTable(ctx context.Context, conn *pgx.Conn, snap journa
 		relid).Scan(&t.parts); err != nil {
 		return nil, err
 	}
+	primary := map[int16]bool{}
+	for _, n := range pk {
+		primary[n] = true
+	}
 	infos := make([]decoder.ColumnInfo, len(atts))
 	pos := map[int16]int{}
 	for i, a := range atts {
-		infos[i] = decoder.ColumnInfo{Name: a.name, TypeOID: a.oid, BaseSchema: a.baseSchema, BaseName: a.baseName, Key: identity[a.num]}
+		infos[i] = decoder.ColumnInfo{Name: a.name, TypeOID: a.oid, BaseSchema: a.baseSchema, BaseName: a.baseName, Key: identity[a.num],
+			PrimaryKey: primary[a.num], Element: a.elem}
 		t.cols = append(t.cols, pgx.Identifier{a.name}.Sanitize())
 		pos[a.num] = i
 	}
@@ -521,6 +542,8 @@ func (s *snapshotter) loadTable(ctx context.Context, conn *pgx.Conn, snap journa
 		t.filter = *filter
 	}
 	t.enc = decoder.NewRowEncoder(snap.Schema, snap.Table, infos, s.r.cfg.TenantColumn)
+	// Reads pass the guard the stream's changes pass (DESIGN §5 Limits).
+	t.enc.Guard(s.r.cfg.MaxEnvelopeBytes, func(reason string) { s.r.quarantined.add(reason, 1) })
 	return t, nil
 }
 
@@ -1309,4 +1332,43 @@ func (w *snapWindows) high(tx *decoder.Transaction, token string) *decoder.Trans
 	c.rows, c.keys = nil, nil
 	_ = tx.Close()
 	return out
+}
+
+// lookupArrayElement describes the element of the array type oid (or of the
+// array at the end of oid's chain of domains): its base type and delimiter,
+// for decoder.Config.ArrayElement and decoder.ColumnInfo.Element. It
+// reports false when oid is not an array or no longer exists.
+func lookupArrayElement(ctx context.Context, conn *pgx.Conn, oid uint32) (decoder.ArrayElement, bool, error) {
+	var e decoder.ArrayElement
+	inElem := false
+	for depth := 0; depth < 64; depth++ {
+		var typtype, ns, name, delim string
+		var base, elem uint32
+		var typlen int16
+		err := conn.QueryRow(ctx, `SELECT t.typtype::text, t.typbasetype, t.typelem, t.typlen, n.nspname, t.typname, t.typdelim::text
+			FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = $1`, oid).Scan(&typtype, &base, &elem, &typlen, &ns, &name, &delim)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return e, false, nil
+		}
+		if err != nil {
+			return e, false, fmt.Errorf("look up array type %d in the source's catalog: %w", oid, err)
+		}
+		if inElem && e.Delim == 0 && len(delim) == 1 {
+			e.Delim = delim[0] // the element type's own (a domain copies its base type's)
+		}
+		switch {
+		case typtype == "d":
+			oid = base
+		case !inElem:
+			if elem == 0 || typlen != -1 {
+				return e, false, nil
+			}
+			inElem, oid = true, elem
+			continue
+		default:
+			e.Schema, e.Name = ns, name
+			return e, true, nil
+		}
+	}
+	return e, false, nil
 }

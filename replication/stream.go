@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
@@ -20,11 +21,14 @@ import (
 // conn) and the journal writer (one goroutine it owns) until ctx ends or
 // either fails.
 func (r *Replicator) stream(ctx context.Context, conn *pgconn.PgConn, gen int64, statusEvery time.Duration) error {
+	cat := &catalogLookup{r: r, ctx: ctx}
+	defer cat.close()
 	dec := decoder.New(decoder.Config{
 		SkipRelations: r.skipRelations, MessagePrefix: r.cfg.MessagePrefix, TenantColumn: r.cfg.TenantColumn,
 		OnQuarantine: func(reason string) { r.quarantined.add(reason, 1) }, MaxEnvelopeBytes: r.cfg.MaxEnvelopeBytes,
 		MemoryBudget: r.cfg.decoderBudget(), SpillDir: r.cfg.SpillDir, Counters: r.decoded,
-		ControlPrefix: snapshotPrefix,
+		ControlPrefix: snapshotPrefix, OnControlDropped: func(reason string) { r.controlsDropped.add(reason, 1) },
+		ArrayElement: cat.arrayElement, KeyColumns: cat.keyColumns,
 	})
 	q := newBoundedQueue(r.cfg.QueueMaxChanges, r.cfg.QueueMaxBytes)
 	wake := &waker{}
@@ -498,4 +502,76 @@ func (r *Replicator) appendBatch(ctx context.Context, gen int64, batch []queueIt
 		return r.j.Advance(ctx, gen, adv)
 	}
 	return res, nil
+}
+
+// catalogLookup answers the decoder's questions about the source's catalog
+// that pgoutput leaves open (an array of a domain's element type, the
+// primary key of a REPLICA IDENTITY FULL relation) on a connection of its
+// own, opened at the first question and kept for the session. It runs on
+// the receive loop, once per type or relation per session, each question
+// bounded by catalogLookupTimeout.
+type catalogLookup struct {
+	r    *Replicator
+	ctx  context.Context
+	conn *pgx.Conn
+}
+
+const catalogLookupTimeout = 30 * time.Second
+
+func (c *catalogLookup) open(ctx context.Context) (*pgx.Conn, error) {
+	if c.conn != nil && !c.conn.IsClosed() {
+		return c.conn, nil
+	}
+	conn, err := (&snapshotter{r: c.r}).connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.conn = conn
+	return conn, nil
+}
+
+func (c *catalogLookup) close() {
+	if c.conn != nil {
+		closeSourceConn(c.ctx, c.conn)
+	}
+}
+
+func (c *catalogLookup) arrayElement(oid uint32) (decoder.ArrayElement, bool, error) {
+	ctx, cancel := context.WithTimeout(c.ctx, catalogLookupTimeout)
+	defer cancel()
+	conn, err := c.open(ctx)
+	if err != nil {
+		return decoder.ArrayElement{}, false, err
+	}
+	e, ok, err := lookupArrayElement(ctx, conn, oid)
+	if err != nil {
+		closeSourceConn(c.ctx, conn)
+		c.conn = nil
+	}
+	return e, ok, err
+}
+
+// keyColumns names relID's primary-key columns, nil when it has none or
+// they cannot be read now (a quarantine entry then carries the whole
+// identity, as before: the decoder's contract for a nil answer).
+func (c *catalogLookup) keyColumns(relID uint32, _, _ string) []string {
+	ctx, cancel := context.WithTimeout(c.ctx, catalogLookupTimeout)
+	defer cancel()
+	conn, err := c.open(ctx)
+	if err != nil {
+		return nil
+	}
+	var cols []string
+	if err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(a.attname::text ORDER BY k.ord), '{}') FROM pg_index i
+		CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+		WHERE i.indrelid = $1 AND i.indisprimary`, relID).Scan(&cols); err != nil {
+		closeSourceConn(c.ctx, conn)
+		c.conn = nil
+		return nil
+	}
+	if len(cols) == 0 {
+		return nil
+	}
+	return cols
 }
