@@ -29,17 +29,18 @@ import (
 )
 
 // TestSnapshotNemesis snapshots a table of each key shape while two writers
-// insert, update (keys too, where the shape has a key that can move) and
-// delete rows around the table's key range, and one connection applies
-// random DDL every 100-300 ms: rewriting type changes (v int <-> bigint,
-// s text <-> varchar), ADD COLUMN (a constant default, a volatile one that
+// insert, update (keys too) and delete rows around the table's key range —
+// half of them, where the key order follows the row numbers, among the
+// rows the snapshot reads next — and one connection applies random DDL
+// every 100-300 ms: rewriting type changes (v int <-> bigint, s text <->
+// varchar(200)), ADD COLUMN (a constant default, a volatile one that
 // rewrites the table, none), DROP COLUMN, RENAME COLUMN, REPLICA IDENTITY
 // changes, TRUNCATE (with or without rows inserted again in the same
 // transaction), DROP TABLE and CREATE again (added to the publication and
 // filled again in the same transaction), and for the partitioned shape
-// DETACH and ATTACH of its
-// middle partition. A DDL transaction may hold its locks for up to 150 ms
-// after its statements, as a migration doing more work does. The key
+// DETACH and ATTACH of its middle partition. A DDL transaction may hold
+// its locks for up to 150 ms after its statements, as a migration doing
+// more work does. The key
 // columns (and the replica identity index) are never altered; DDL changes
 // only v, s and the other columns (c0 and c1, there from the table's
 // creation, and those it adds), and never gives a column a name used
@@ -51,7 +52,9 @@ import (
 // so the journal itself says where, between the row changes and the reads,
 // each DDL took effect.
 //
-// Once the DDL and the writes stop, the snapshot must reach a final status:
+// Once the DDL and the writes stop, the snapshot must reach a final status,
+// and keep it (a status seen done or failed never changes, and a done
+// snapshot has no error):
 //
 //   - failed: its error says "fix:" and does not blame --where (none was
 //     given); a new snapshot with nothing running against the table must
