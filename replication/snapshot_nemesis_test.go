@@ -4,6 +4,7 @@ package replication
 // and a DDL driver changes the table itself. See TestSnapshotNemesis.
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -763,7 +764,22 @@ func (c nemesisCheck) check(es []journal.Entry, src map[string]map[string]any) (
 		problems[problemKinds[kind]] = append(problems[problemKinds[kind]], fmt.Sprintf(format, args...))
 	}
 	cols := slices.Sorted(slices.Values(c.cols))
-	lastDDL := "none"
+	origin := map[string]string{} // column → the DDL that gave the table that column name
+	// differ says how an entry's columns differ from the table's.
+	differ := func(got []string) string {
+		var out []string
+		for _, col := range cols {
+			if !slices.Contains(got, col) {
+				out = append(out, fmt.Sprintf("lacks %s (from %s)", col, cmp.Or(origin[col], "the start")))
+			}
+		}
+		for _, col := range got {
+			if !slices.Contains(cols, col) {
+				out = append(out, "has "+col+", which the table no longer has")
+			}
+		}
+		return strings.Join(out, ", ")
+	}
 	state := map[string]nemesisRow{}
 	inSnap, ended := false, false
 	for _, e := range es {
@@ -795,8 +811,13 @@ func (c nemesisCheck) check(es []journal.Entry, src map[string]map[string]any) (
 					}
 				}
 			}
+			ddl := fmt.Sprintf("DDL #%d at seq %d: %.160s", m.N, e.Seq, m.DDL)
+			for _, col := range m.Cols {
+				if m.Reset || !slices.Contains(cols, col) {
+					origin[col] = ddl
+				}
+			}
 			cols = slices.Sorted(slices.Values(m.Cols))
-			lastDDL = fmt.Sprintf("DDL #%d at seq %d: %.160s", m.N, e.Seq, m.DDL)
 			continue
 		}
 		if e.Entity != c.entity {
@@ -807,9 +828,9 @@ func (c nemesisCheck) check(es []journal.Entry, src map[string]map[string]any) (
 			if got := colSet(env.After); !slices.Equal(got, cols) {
 				switch {
 				case env.Op != decoder.OpRead:
-					add(1, "seq %d: %s of key %s carries columns %v, the table had %v there (last %s)", e.Seq, env.Op, keyText(env.After, c.key), got, cols, lastDDL)
+					add(1, "seq %d: %s of key %s carries columns %v, the table had %v there: it %s", e.Seq, env.Op, keyText(env.After, c.key), got, cols, differ(got))
 				case inSnap:
-					add(0, "seq %d: read of key %s carries columns %v, the table had %v there (last %s)", e.Seq, keyText(env.After, c.key), got, cols, lastDDL)
+					add(0, "seq %d: read of key %s carries columns %v, the table had %v there: it %s", e.Seq, keyText(env.After, c.key), got, cols, differ(got))
 				}
 			}
 			if env.Op == decoder.OpUpdate && env.Before != nil {
@@ -859,7 +880,7 @@ func (c nemesisCheck) check(es []journal.Entry, src map[string]map[string]any) (
 				r := state[k]
 				for _, col := range cols {
 					if _, has := r.vals[col]; !has {
-						add(2, "at the snapshot-end (seq %d), key %s lacks column %s (its last entry: seq %d, %s; last %s)", e.Seq, k, col, r.seq, r.op, lastDDL)
+						add(2, "at the snapshot-end (seq %d), key %s lacks column %s (from %s); its last entry: seq %d, %s", e.Seq, k, col, cmp.Or(origin[col], "the start"), r.seq, r.op)
 					}
 				}
 			}
