@@ -365,6 +365,10 @@ CREATE TABLE %[1]s.publication_tables (
 );
 COMMENT ON TABLE %[1]s.publication_tables IS 'walcast: the publication''s tables as walcast run last recorded them (--snapshot-new-tables snapshots a table that appears in the publication and not here)';
 `,
+	5: `
+ALTER TABLE %[1]s.snapshots ADD COLUMN shape text NOT NULL DEFAULT '';
+COMMENT ON COLUMN %[1]s.snapshots.shape IS 'a digest of what the publication sent of a row (columns, types, row filter) when the last journaled chunk was read: a snapshot resumed under another shape starts over';
+`,
 }
 
 // advisoryClass is the first key of the migration advisory lock ("walc").

@@ -58,6 +58,7 @@ type Snapshot struct {
 	LastKey         []string   `json:"lastKey,omitempty"`       // text forms of the last journaled chunk's key columns
 	Rows            int64      `json:"rows"`                    // read entries journaled
 	Chunks          int64      `json:"chunks"`                  // chunks journaled
+	Shape           string     `json:"-"`                       // SnapshotProgress.Shape of the last journaled chunk
 	EstimatedRows   *int64     `json:"estimatedRows,omitempty"` // the table's row estimate when it started (before any --where)
 	Error           string     `json:"error,omitempty"`
 	RequestedAt     time.Time  `json:"requestedAt"`
@@ -98,12 +99,12 @@ func (j *Journal) RequestSnapshot(ctx context.Context, r SnapshotRequest) (int64
 }
 
 const snapshotCols = `id, table_schema, table_name, where_sql, chunk_size, status, cancel_requested, last_key, rows, chunks, error,
-	requested_at, started_at, updated_at, finished_at, estimated_rows`
+	requested_at, started_at, updated_at, finished_at, estimated_rows, shape`
 
 func scanSnapshot(r pgx.Row) (Snapshot, error) {
 	var s Snapshot
 	err := r.Scan(&s.ID, &s.Schema, &s.Table, &s.Where, &s.ChunkSize, &s.Status, &s.CancelRequested, &s.LastKey, &s.Rows, &s.Chunks, &s.Error,
-		&s.RequestedAt, &s.StartedAt, &s.UpdatedAt, &s.FinishedAt, &s.EstimatedRows)
+		&s.RequestedAt, &s.StartedAt, &s.UpdatedAt, &s.FinishedAt, &s.EstimatedRows, &s.Shape)
 	return s, err
 }
 
@@ -254,6 +255,10 @@ type SnapshotProgress struct {
 	// SnapshotFailed with the chunk that carries the snapshot-end entry.
 	Status string
 	Error  string // SnapshotFailed: the reason, with the fix
+	// Shape is a digest of what the publication sent of the table's rows
+	// when the chunk was read ("": unchanged): a snapshot resumed under
+	// another shape reads the table again from its first key.
+	Shape string
 }
 
 // snapshotProgressSQL is a data-modifying statement for finishSQL's WITH
@@ -272,6 +277,9 @@ func (j *Journal) snapshotProgressSQL(p SnapshotProgress) string {
 		}
 		b.WriteString("]::text[]")
 	}
+	if p.Shape != "" {
+		b.WriteString(", shape = " + textLit(p.Shape))
+	}
 	switch p.Status {
 	case SnapshotDone, SnapshotCancelled:
 		b.WriteString(", status = " + textLit(p.Status) + ", finished_at = now()")
@@ -280,7 +288,9 @@ func (j *Journal) snapshotProgressSQL(p SnapshotProgress) string {
 	default:
 		b.WriteString(", status = 'running', started_at = coalesce(started_at, now())")
 	}
-	b.WriteString(" WHERE id = " + i(p.ID))
+	// A snapshot failed or cancelled meanwhile (FailSnapshot, or an
+	// operator) stays so: a chunk journaled after that does not revive it.
+	b.WriteString(" WHERE id = " + i(p.ID) + " AND status IN ('pending', 'running')")
 	return b.String()
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -85,6 +86,8 @@ type chunk struct {
 	base       bool       // the first chunk of a run of the pipeline: the loop starts counting here
 	cancelled  bool       // final because the snapshot was cancelled
 	failed     string     // final because the snapshot failed: the reason (no rows)
+	restarted  bool       // read from the first key again: the table's shape changed (read)
+	shape      string     // the table's shape (snapTable.shape) when the chunk was read
 	rowsBefore int64      // read entries journaled before this chunk (meaningful when base)
 	n          int64      // this chunk's number, from 1
 
@@ -341,6 +344,7 @@ type snapTable struct {
 	ident   string   // relreplident
 	lock    string   // the LOCK TABLE target: the relation, quoted (a partitioned table locks its partitions too)
 	parts   []uint32 // a partitioned table's leaf partitions, by oid
+	shape   string   // what the publication sends of a row: the published columns, their types, the row filter
 	from    string   // quoted relation, with ONLY for a plain table
 	cols    []string // published columns, quoted, in attribute order
 	keyCols []string // chunk key columns, quoted
@@ -541,6 +545,12 @@ func (s *snapshotter) loadTable(ctx context.Context, conn *pgx.Conn, snap journa
 	if filter != nil {
 		t.filter = *filter
 	}
+	var shape strings.Builder
+	for _, a := range atts {
+		shape.WriteString(a.name + " " + a.typ + a.collate + "\x00")
+	}
+	sum := sha256.Sum256([]byte(shape.String() + "where " + t.filter))
+	t.shape = hex.EncodeToString(sum[:16])
 	t.enc = decoder.NewRowEncoder(snap.Schema, snap.Table, infos, s.r.cfg.TenantColumn)
 	// Reads pass the guard the stream's changes pass (DESIGN §5 Limits).
 	t.enc.Guard(s.r.cfg.MaxEnvelopeBytes, func(reason string) { s.r.quarantined.add(reason, 1) })
@@ -607,9 +617,10 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 	lastKey, rowsDone, chunks := snap.LastKey, snap.Rows, snap.Chunks // as journaled
 	began := time.Now()
 	var inflight []*chunk
-	readKey, next, base := lastKey, chunks+1, true // where the next chunk starts
-	rowCap := snap.ChunkSize                       // rows the next chunk asks for, at most
-	drain := func() error {                        // wait for every chunk in flight (after a failure)
+	shape := snap.Shape                                              // the shape lastKey was read in ("": not known)
+	readKey, readShape, next, base := lastKey, shape, chunks+1, true // where the next chunk starts
+	rowCap := snap.ChunkSize                                         // rows the next chunk asks for, at most
+	drain := func() error {                                          // wait for every chunk in flight (after a failure)
 		for _, c := range inflight {
 			select {
 			case <-ctx.Done():
@@ -651,7 +662,7 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 					s.take(c.token)
 					return err
 				}
-			} else if err := s.read(ctx, conn, t, snap, readKey, c); err != nil {
+			} else if err := s.read(ctx, conn, t, snap, readKey, readShape, c); err != nil {
 				// Close the window before giving up on the chunk.
 				s.register(&chunk{token: c.token, done: make(chan struct{}), id: -1})
 				_ = s.emit(ctx, conn, watermark{Token: c.token, Mark: "high"})
@@ -671,6 +682,9 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 			if c.lastKey != nil {
 				readKey = c.lastKey
 			}
+			if c.shape != "" {
+				readShape = c.shape
+			}
 		}
 		c := inflight[0]
 		select {
@@ -686,7 +700,7 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 			if err := drain(); err != nil {
 				return err
 			}
-			readKey, next, base = lastKey, chunks+1, true
+			readKey, readShape, next, base = lastKey, shape, chunks+1, true
 			continue
 		}
 		rowsDone += int64(c.kept)
@@ -694,6 +708,9 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 		s.r.snapChunks.Add(1)
 		if c.lastKey != nil {
 			lastKey = c.lastKey
+		}
+		if c.shape != "" {
+			shape = c.shape
 		}
 		if c.final {
 			if err := s.journaled(ctx, snap.ID, t.entity); err != nil {
@@ -847,7 +864,7 @@ const recentXids = 1 << 16
 // waits at most snapshotLockTimeout and the SELECT runs at most
 // snapshotStatementTimeout (session settings, see connect): a customer's
 // DDL queues behind a chunk for no longer than that.
-func (s *snapshotter) read(ctx context.Context, conn *pgx.Conn, t *snapTable, snap journal.Snapshot, lastKey []string, c *chunk) (err error) {
+func (s *snapshotter) read(ctx context.Context, conn *pgx.Conn, t *snapTable, snap journal.Snapshot, lastKey []string, shape string, c *chunk) (err error) {
 	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
 		return fmt.Errorf("read snapshot chunk of %s: %w", t.entity, err)
 	}
@@ -878,8 +895,19 @@ func (s *snapshotter) read(ctx context.Context, conn *pgx.Conn, t *snapTable, sn
 	if err := t.continues(nt); err != nil {
 		return err
 	}
+	if lastKey != nil && shape != "" && nt.shape != shape {
+		// A column added, dropped, renamed or retyped, or the
+		// publication's column list or row filter changed: the rows read
+		// so far are in the old shape. Start over from the first key, in
+		// this chunk, so that at the snapshot's end every row has been
+		// read as the table now is (the chunk's progress and reads are one
+		// journal transaction: a crash resumes from this chunk).
+		lastKey = nil
+		c.restarted = true
+		s.r.log.Info("snapshot starts over: the table's published columns or row filter changed", "id", snap.ID, "table", t.entity)
+	}
 	*t = *nt
-	c.enc = t.enc
+	c.enc, c.shape = t.enc, t.shape
 	var xip []int64
 	if err := conn.QueryRow(ctx, "SELECT coalesce(array_agg(x::text::bigint), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x").Scan(&xip); err != nil {
 		return fmt.Errorf("read the source's snapshot: %w", err)
@@ -1326,7 +1354,8 @@ func (w *snapWindows) high(tx *decoder.Transaction, token string) *decoder.Trans
 	if w.progress == nil {
 		w.progress = map[*decoder.Transaction]*journal.SnapshotProgress{}
 	}
-	w.progress[out] = &journal.SnapshotProgress{ID: c.id, EndLSN: out.EndLSN, LastKey: c.lastKey, Rows: total, Chunks: c.n, Status: status, Error: c.failed}
+	w.progress[out] = &journal.SnapshotProgress{ID: c.id, EndLSN: out.EndLSN, LastKey: c.lastKey, Rows: total, Chunks: c.n, Status: status, Error: c.failed,
+		Shape: c.shape}
 	c.ok, c.kept = true, kept
 	w.rows[c.id], w.expect[c.id] = total, c.n+1
 	c.rows, c.keys = nil, nil

@@ -56,7 +56,7 @@ func endOf(t *testing.T, es []journal.Entry, id int64) (end snapshotEnd, found i
 // committed, so a chunk whose snapshot came first read an empty table and
 // ended the snapshot, without the rest of the rows. The chunk's lock is
 // taken before its snapshot: the table rebuilt from the journal equals the
-// source, and the snapshot-end counts every row.
+// source, and the snapshot-end counts every read.
 func TestSnapshotRewritingAlterMidway(t *testing.T) {
 	const rows = 3000
 	f := newFixture(t,
@@ -80,24 +80,28 @@ func TestSnapshotRewritingAlterMidway(t *testing.T) {
 	v := tableValidator{entity: "public.rw", key: []string{"id"}}
 	got, _, reads := v.rebuild(t, es)
 	v.compare(t, got, v.source(t, f.url, "rw", ""))
-	if end, n := endOf(t, es, id); n != 1 || end.Snapshot.Rows != rows || reads != rows {
-		t.Fatalf("%d snapshot-ends, the last counting %d rows; %d reads; want one end and %d", n, end.Snapshot.Rows, reads, rows)
+	// A type change is a change of shape: the snapshot may start over, so
+	// there can be more reads than rows, and the end counts them all.
+	if end, n := endOf(t, es, id); n != 1 || end.Snapshot.Rows != int64(reads) || reads < rows {
+		t.Fatalf("%d snapshot-ends, the last counting %d rows; %d reads; want one end counting the reads, at least %d", n, end.Snapshot.Rows, reads, rows)
 	}
 }
 
 // TestSnapshotColumnDDLMidway: columns added (with a volatile default, a
-// rewrite), renamed and dropped while the table is snapshotted. Each chunk
-// reads the table as it is when the chunk runs, so no DDL of the table's
-// other columns ends the snapshot: it ends done, every row of the table is
-// in the journal, and every value the journal holds for a column the table
-// still has is the table's.
+// rewrite), renamed and dropped while the table is snapshotted. The rows
+// read before such a change are in the old shape, so the snapshot starts
+// over from the first key in the chunk that notices it: it ends done, and
+// the table rebuilt from the journal equals the source, every column of
+// every row included.
 func TestSnapshotColumnDDLMidway(t *testing.T) {
 	const rows = 2000
 	f := newFixture(t,
 		`CREATE TABLE cd (id int PRIMARY KEY, a text, b int, c text)`,
 		fmt.Sprintf(`INSERT INTO cd SELECT g, 'a' || g, g, 'c' || g FROM generate_series(1, %d) g`, rows),
 		`ALTER PUBLICATION pub ADD TABLE cd`)
-	run := f.start(f.config())
+	cfg := f.config()
+	cfg.SnapshotMaxRowsPerSecond = 1000 // a pass takes two seconds: the DDL lands mid-snapshot
+	run := f.start(cfg)
 	waitFor(t, "active role", 10*time.Second, func() bool { return run.r.State().Role == RoleActive })
 	id := startSnapshot(t, f, "cd", 10, 2)
 	for _, ddl := range []string{
@@ -116,27 +120,15 @@ func TestSnapshotColumnDDLMidway(t *testing.T) {
 	es := caughtUp(t, f, "after-column-ddl")
 	v := tableValidator{entity: "public.cd", key: []string{"id"}}
 	got, _, reads := v.rebuild(t, es)
-	want := v.source(t, f.url, "cd", "")
-	if len(got) != len(want) || reads != rows {
-		t.Fatalf("journal holds %d rows (%d reads), the table %d", len(got), reads, len(want))
+	// Columns dropped since a row was journaled stay in what the journal
+	// holds of it (nothing says they were dropped); the rest is exact.
+	for _, row := range got {
+		delete(row, "c")
+		delete(row, "a")
 	}
-	newShape := 0
-	for k, w := range want {
-		g, ok := got[k]
-		if !ok {
-			t.Fatalf("row %s missing from the journal", k)
-		}
-		for col, gv := range g {
-			if wv, ok := w[col]; ok && wv != gv {
-				t.Fatalf("row %s column %s: journal %v, table %v", k, col, gv, wv)
-			}
-		}
-		if _, ok := g["a2"]; ok {
-			newShape++
-		}
-	}
-	if newShape == 0 {
-		t.Fatal("no read carries the renamed column: every chunk ran before the DDL")
+	v.compare(t, got, v.source(t, f.url, "cd", ""))
+	if end, n := endOf(t, es, id); n != 1 || end.Snapshot.Rows != int64(reads) || reads <= rows {
+		t.Fatalf("%d snapshot-ends, the last counting %d rows; %d reads of %d rows; want one end counting the reads, and the table read more than once", n, end.Snapshot.Rows, reads, rows)
 	}
 }
 
