@@ -24,7 +24,7 @@ func (r *Replicator) stream(ctx context.Context, conn *pgconn.PgConn, gen int64,
 		SkipRelations: r.skipRelations, MessagePrefix: r.cfg.MessagePrefix, TenantColumn: r.cfg.TenantColumn,
 		OnQuarantine: func(reason string) { r.quarantined.add(reason, 1) }, MaxEnvelopeBytes: r.cfg.MaxEnvelopeBytes,
 		MemoryBudget: r.cfg.decoderBudget(), SpillDir: r.cfg.SpillDir, Counters: r.decoded,
-		ControlPrefix: snapshotPrefix,
+		ControlPrefix: snapshotPrefix, MaxTransactionBytes: r.cfg.MaxTransactionBytes, OnTransactionQuarantine: r.transactionQuarantined,
 	})
 	q := newBoundedQueue(r.cfg.QueueMaxChanges, r.cfg.QueueMaxBytes)
 	wake := &waker{}
