@@ -48,6 +48,16 @@ type Config struct {
 	MaxEnvelopeBytes int
 	// SpillDir is where spill files are created. Default os.TempDir().
 	SpillDir string
+	// MaxTransactionBytes bounds, in bytes, what open transactions hold
+	// buffered, in memory and spill files together; past it the largest
+	// is no longer buffered and is journaled at its commit as quarantine
+	// entries (see TransactionQuarantine). Default
+	// DefaultMaxTransactionBytes.
+	MaxTransactionBytes int64
+	// OnTransactionQuarantine, when set, is called at the commit of every
+	// transaction replaced by quarantine entries (for logs; it must not
+	// block).
+	OnTransactionQuarantine func(TransactionQuarantine)
 	// Counters counts decoded changes by entity and op (DESIGN §8), for
 	// metrics read from another goroutine. Default: a fresh Counters, see
 	// Decoder.Counters. Pass one to keep totals across decoders. Every
@@ -113,6 +123,7 @@ type Decoder struct {
 	inStream  bool                // between StreamStart and StreamStop
 	streamTx  *txState            // the transaction of the open stream block
 	mem       int64               // bytes of in-memory changes across open transactions
+	held      int64               // bytes of open transactions' changes, in memory and spilled (MaxTransactionBytes)
 	committed []*Transaction
 
 	// Reused per message.
@@ -163,6 +174,9 @@ func New(cfg Config) *Decoder {
 	}
 	if cfg.SpillDir == "" {
 		cfg.SpillDir = os.TempDir()
+	}
+	if cfg.MaxTransactionBytes <= 0 {
+		cfg.MaxTransactionBytes = DefaultMaxTransactionBytes
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now

@@ -520,18 +520,20 @@ func TestPayloadNotRetained(t *testing.T) {
 	}
 }
 
+// TestSpillDirError: a spill file that cannot be created does not fail
+// Decode (the same transaction would fail again after every reconnect):
+// the transaction commits as a quarantine entry naming the spill error.
 func TestSpillDirError(t *testing.T) {
 	d := New(Config{MemoryBudget: 10, SpillDir: "/nonexistent/walcast-spill"})
 	defer d.Close()
-	var err error
-	for _, m := range [][]byte{beginMsg(1, 2), relationMsg(false, 0, 1, "s", "t", 'd', col{"id", 23, true}), insertMsg(false, 0, 1, "1")} {
-		if err = d.Decode(1, m); err != nil {
-			break
+	for _, m := range [][]byte{beginMsg(1, 2), relationMsg(false, 0, 1, "s", "t", 'd', col{"id", 23, true}), insertMsg(false, 0, 1, "1"), commitMsg(2, 3)} {
+		if err := d.Decode(1, m); err != nil {
+			t.Fatal(err)
 		}
 	}
-	var pe *ProtocolError
-	if err == nil || errors.As(err, &pe) || !strings.Contains(err.Error(), "spill") {
-		t.Fatalf("err = %v, want a spill file error", err)
+	txs := d.Committed(nil)
+	if got := bodies(t, txs[0]); len(got) != 1 || !strings.Contains(got[0], `"reason":"spill-failed"`) || !strings.Contains(got[0], "/nonexistent/walcast-spill") {
+		t.Fatalf("got %v, want a quarantine entry naming the spill error", got)
 	}
 }
 

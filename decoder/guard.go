@@ -61,6 +61,13 @@ type Quarantine struct {
 	// tenant value that is not valid UTF-8 or was cut.
 	Entity []byte `json:"entity,omitempty"`
 	Tenant []byte `json:"tenant,omitempty"`
+	// For a whole transaction (Op QuarantinedTransaction; see
+	// TransactionQuarantine): its changes, its first change's LSN and the
+	// entities it touched, up to 64 named and the rest counted.
+	Changes       int      `json:"changes,omitempty"`
+	FirstLSN      LSN      `json:"firstLsn,omitempty"`
+	Tables        []string `json:"tables,omitempty"`
+	TablesOmitted int      `json:"tablesOmitted,omitempty"`
 }
 
 // SafeEntity returns entity when it is valid UTF-8 of at most MaxEntityBytes,

@@ -126,13 +126,17 @@ func checkSpillLens(entity, tenant, tail int) error {
 	return nil
 }
 
-// finish flushes the file and hands it to a committed transaction.
-func (s *spillWriter) finish(head []byte, aborted map[uint32]struct{}) (*spillSource, error) {
+// flush writes out what the file's buffer holds, at commit.
+func (s *spillWriter) flush() error {
 	if err := s.w.Flush(); err != nil {
-		_ = s.discard()
-		return nil, fmt.Errorf("decoder: write spill file %s: %w", s.file.name(), err)
+		return fmt.Errorf("decoder: write spill file %s: %w", s.file.name(), err)
 	}
-	return &spillSource{file: s.file, size: s.size, head: head, aborted: aborted}, nil
+	return nil
+}
+
+// source hands the flushed file to a committed transaction.
+func (s *spillWriter) source(head []byte, aborted map[uint32]struct{}) *spillSource {
+	return &spillSource{file: s.file, size: s.size, head: head, aborted: aborted}
 }
 
 func (s *spillWriter) discard() error { return s.file.close() }
@@ -271,3 +275,26 @@ func (r *spillReader) intern(b []byte) string {
 }
 
 func (r *spillReader) close() error { return nil }
+
+// CheckSpillDir reports whether spill files can be created in dir (the
+// default temporary directory when empty), for a check at start-up: a
+// missing or unwritable directory is a configuration error to fix then,
+// rather than a failure met by the first large transaction. It creates and
+// removes one empty file.
+func CheckSpillDir(dir string) error {
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	f, err := os.CreateTemp(dir, "walcast-spill-check-*")
+	if err != nil {
+		return fmt.Errorf("decoder: spill directory %s cannot hold spill files (it must be an existing directory walcast can write): %w", dir, err)
+	}
+	err = f.Close()
+	if rerr := os.Remove(f.Name()); err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return fmt.Errorf("decoder: spill directory %s cannot hold spill files (it must be an existing directory walcast can write): %w", dir, err)
+	}
+	return nil
+}

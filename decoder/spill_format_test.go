@@ -155,11 +155,10 @@ func writeSpill(t *testing.T, recs ...spillRec) *spillSource {
 			t.Fatal(err)
 		}
 	}
-	src, err := sp.finish(appendHead(nil, 7, 0x100, testTime), nil)
-	if err != nil {
+	if err := sp.flush(); err != nil {
 		t.Fatal(err)
 	}
-	return src
+	return sp.source(appendHead(nil, 7, 0x100, testTime), nil)
 }
 
 func readSpill(t *testing.T, src *spillSource) []Change {

@@ -98,6 +98,85 @@ type txState struct {
 	spillOver bool
 	// controls are the contents of Config.ControlPrefix messages, in order.
 	controls [][]byte
+
+	// The bound (Config.MaxTransactionBytes). size is what its changes
+	// take as spill records, from its first change on; while it is not cut
+	// it is counted in Decoder.held. Once cutReason is set its changes are
+	// no longer kept (only counted), and it commits as quarantine entries.
+	size      int64
+	cutReason string
+	cutCause  error // the spill error, for ReasonSpillFailed
+	firstLSN  LSN
+	// touched lists the entities of its changes in first-change order, up
+	// to maxTouched (touchedOver: there were more), for the entries of a
+	// cut transaction; touchedIdx indexes it once it outgrows touchScan.
+	touched     []touchedEntity
+	touchedIdx  map[string]struct{}
+	touchedOver bool
+	lastEntity  string // the entity of the previous change, already in touched
+}
+
+// touchedEntity is an entity a transaction changed and its first change's LSN.
+type touchedEntity struct {
+	entity string
+	first  LSN
+}
+
+const (
+	// maxTouched bounds the entities a transaction's touched list names.
+	// Tables are bounded by the catalog, but logical message prefixes are
+	// not: one transaction can emit a message under each of a million.
+	maxTouched = 1024
+	// touchScan is how many entities touch finds by scanning the list
+	// before it keeps a map: most transactions touch one to three.
+	touchScan = 8
+	// maxListedTables bounds the entity names each quarantine entry of a
+	// cut transaction lists, so that an entry stays small.
+	maxListedTables = 64
+)
+
+// touch records that tx changed entity at lsn. Consecutive changes of one
+// entity, the common case, cost one string comparison.
+func (tx *txState) touch(entity string, lsn LSN) {
+	if len(tx.touched) > 0 && entity == tx.lastEntity {
+		return
+	}
+	tx.lastEntity = entity
+	if tx.touchedIdx != nil {
+		if _, ok := tx.touchedIdx[entity]; ok {
+			return
+		}
+	} else {
+		for i := range tx.touched {
+			if tx.touched[i].entity == entity {
+				return
+			}
+		}
+	}
+	if len(tx.touched) >= maxTouched {
+		tx.touchedOver = true
+		return
+	}
+	tx.touched = append(tx.touched, touchedEntity{entity: entity, first: lsn})
+	switch {
+	case tx.touchedIdx != nil:
+		tx.touchedIdx[entity] = struct{}{}
+	case len(tx.touched) > touchScan:
+		tx.touchedIdx = make(map[string]struct{}, 2*touchScan)
+		for _, e := range tx.touched {
+			tx.touchedIdx[e.entity] = struct{}{}
+		}
+	}
+}
+
+// spillRecordBytes is what r takes in a spill file, and what the bound
+// counts for it whether it is spilled or held in memory.
+func spillRecordBytes(r *rec) int64 {
+	n := int64(spillHeader+len(r.entity)+len(r.tenant)) + int64(r.tailLen)
+	if r.oldTenant != r.tenant {
+		n += int64(len(r.oldTenant))
+	}
+	return n
 }
 
 // spillKey groups a spilled transaction's changes for CountChanges.
@@ -163,7 +242,10 @@ func (d *Decoder) newTx(xid uint32, streamed bool) *txState {
 // buffers behind outside the budget.
 func (d *Decoder) recycle(tx *txState) {
 	d.mem -= tx.mem
-	arena, recs := tx.arena[:0], tx.recs[:0]
+	if tx.cutReason == "" {
+		d.held -= tx.size
+	}
+	arena, recs, touched := tx.arena[:0], tx.recs[:0], tx.touched[:0]
 	if cap(arena) > 4<<20 {
 		arena = nil
 	}
@@ -172,7 +254,12 @@ func (d *Decoder) recycle(tx *txState) {
 	} else {
 		clear(recs[:cap(recs)])
 	}
-	*tx = txState{arena: arena, recs: recs}
+	if cap(touched) > touchScan {
+		touched = nil
+	} else {
+		clear(touched[:cap(touched)])
+	}
+	*tx = txState{arena: arena, recs: recs, touched: touched}
 	if len(d.free) >= 8 {
 		return
 	}
@@ -225,6 +312,10 @@ func (d *Decoder) add(tx *txState, r rec) error {
 	}
 	d.stats.Changes++
 	tx.n++
+	if tx.firstLSN == 0 {
+		tx.firstLSN = r.lsn
+	}
+	tx.touch(r.entity, r.lsn)
 	if tx.streamed {
 		if r.sub != tx.lastSub {
 			if tx.lastN > 0 {
@@ -237,6 +328,27 @@ func (d *Decoder) add(tx *txState, r rec) error {
 		}
 		tx.lastN++
 	}
+	// The bound is checked before the change is kept, so that neither
+	// memory nor the spill directory ever holds more than it.
+	sz := spillRecordBytes(&r)
+	tx.size += sz
+	if tx.cutReason == "" {
+		d.held += sz
+		for d.held > d.cfg.MaxTransactionBytes {
+			big := d.largestHeld(tx)
+			if big == nil {
+				break
+			}
+			d.cut(big, ReasonTransactionTooLarge, nil)
+		}
+	}
+	if tx.cutReason != "" {
+		tx.arena = tx.arena[:0] // cut holds nothing: the change is only counted
+		if cap(tx.arena) > spillArenaKeep {
+			tx.arena = nil
+		}
+		return nil
+	}
 	if tx.sp != nil {
 		tx.countSpilled(&r)
 		err := tx.sp.write(&r, r.tail(tx.arena))
@@ -244,7 +356,10 @@ func (d *Decoder) add(tx *txState, r rec) error {
 		if cap(tx.arena) > spillArenaKeep {
 			tx.arena = nil // a big change passed through; do not keep its buffer
 		}
-		return err
+		if err != nil {
+			d.cut(tx, ReasonSpillFailed, err)
+		}
+		return nil
 	}
 	tx.recs = append(tx.recs, r)
 	tx.recMem += recBytes(&r)
@@ -254,21 +369,24 @@ func (d *Decoder) add(tx *txState, r rec) error {
 	}
 	if len(tx.arena) > maxArena {
 		if err := d.spill(tx); err != nil {
-			return err
+			d.cut(tx, ReasonSpillFailed, err)
 		}
 	}
 	for d.mem > d.cfg.MemoryBudget {
-		moved, err := d.spillLargest()
-		if err != nil || !moved {
-			return err
+		big := d.largestInMemory()
+		if big == nil {
+			break
+		}
+		if err := d.spill(big); err != nil {
+			d.cut(big, ReasonSpillFailed, err)
 		}
 	}
 	return nil
 }
 
-// spillLargest moves the in-memory transaction with the most bytes to a
-// spill file. It reports false when there is nothing to move.
-func (d *Decoder) spillLargest() (bool, error) {
+// largestInMemory is the in-memory transaction with the most bytes, nil
+// when none holds any.
+func (d *Decoder) largestInMemory() *txState {
 	var big *txState
 	consider := func(tx *txState) {
 		if tx != nil && tx.sp == nil && (big == nil || tx.mem > big.mem) {
@@ -280,9 +398,56 @@ func (d *Decoder) spillLargest() (bool, error) {
 		consider(tx)
 	}
 	if big == nil || big.mem == 0 {
-		return false, nil
+		return nil
 	}
-	return true, d.spill(big)
+	return big
+}
+
+// largestHeld is the transaction, not yet cut, whose changes take the most
+// bytes; tx, the one being added to, is considered even when it is a
+// non-transactional message's (in neither d.cur nor d.streams).
+func (d *Decoder) largestHeld(tx *txState) *txState {
+	var big *txState
+	consider := func(tx *txState) {
+		if tx != nil && tx.cutReason == "" && tx.size > 0 && (big == nil || tx.size > big.size) {
+			big = tx
+		}
+	}
+	consider(tx)
+	consider(d.cur)
+	for _, s := range d.streams {
+		consider(s)
+	}
+	return big
+}
+
+// cut stops keeping tx's changes: it deletes its spill file and releases
+// its memory at once, and from now on its changes are only counted (size,
+// n, touched). At its commit it becomes quarantine entries (cutEntries);
+// on abort it leaves nothing. Keeping it would fill the disk or memory —
+// the pod evicted, the disk full — and the same transaction would be
+// decoded again after every restart and fail again, halting replication.
+func (d *Decoder) cut(tx *txState, reason string, cause error) {
+	if tx.sp != nil {
+		if err := tx.sp.discard(); err != nil && cause == nil {
+			cause = err
+		}
+		tx.sp = nil
+	}
+	d.mem -= tx.mem
+	d.held -= tx.size
+	tx.mem, tx.recMem, tx.dead = 0, 0, 0
+	clear(tx.recs)
+	tx.recs = tx.recs[:0]
+	if cap(tx.recs) > 64<<10 {
+		tx.recs = nil
+	}
+	tx.arena = tx.arena[:0]
+	if cap(tx.arena) > spillArenaKeep {
+		tx.arena = nil
+	}
+	tx.spillN, tx.spillOver, tx.aborted = nil, false, nil
+	tx.cutReason, tx.cutCause = reason, cause
 }
 
 // spill moves in-memory tx to a spill file and releases its buffers: from
@@ -337,6 +502,9 @@ func (d *Decoder) abortSub(tx *txState, sub uint32) {
 		return
 	}
 	tx.n -= n
+	if tx.cutReason != "" {
+		return // nothing of it is kept; only the count changes
+	}
 	if tx.sp != nil {
 		if tx.aborted == nil {
 			tx.aborted = make(map[uint32]struct{})
@@ -395,18 +563,24 @@ func (d *Decoder) drop(tx *txState) error {
 func (d *Decoder) finish(tx *txState, commitLSN, endLSN LSN, ts time.Time) error {
 	out := &Transaction{Xid: tx.xid, CommitLSN: commitLSN, EndLSN: endLSN, CommitTime: ts, n: tx.n, controls: tx.controls}
 	head := appendHead(nil, tx.xid, endLSN, ts)
-	if tx.sp != nil {
+	if tx.sp != nil && tx.cutReason == "" {
+		if err := tx.sp.flush(); err != nil {
+			d.cut(tx, ReasonSpillFailed, err)
+		}
+	}
+	switch {
+	case tx.cutReason != "":
+		out.mem = d.cutEntries(tx, commitLSN, endLSN, head)
+		out.n = len(out.mem)
+		d.recycle(tx)
+	case tx.sp != nil:
 		if !tx.spillOver {
 			out.spillCounts, out.spillCounted = tx.spillCounts(), true
 		}
-		src, err := tx.sp.finish(head, tx.aborted)
+		out.spill = tx.sp.source(head, tx.aborted)
 		tx.sp = nil
 		d.recycle(tx)
-		if err != nil {
-			return err
-		}
-		out.spill = src
-	} else {
+	default:
 		out.mem = materialize(tx, head)
 		out.n = len(out.mem)
 		d.recycle(tx)
@@ -414,6 +588,86 @@ func (d *Decoder) finish(tx *txState, commitLSN, endLSN LSN, ts time.Time) error
 	d.stats.Committed++
 	d.committed = append(d.committed, out)
 	return nil
+}
+
+// cutEntries builds the quarantine entries of cut transaction tx, one per
+// entity it touched, at that entity's first change, and reports it. A
+// transaction every change of which was rolled back (subtransactions) has
+// none: nothing of it is journaled.
+func (d *Decoder) cutEntries(tx *txState, commitLSN, endLSN LSN, head []byte) []Change {
+	if tx.n == 0 {
+		return nil
+	}
+	q := TransactionQuarantine{Xid: tx.xid, FirstLSN: tx.firstLSN, CommitLSN: commitLSN, EndLSN: endLSN,
+		Reason: tx.cutReason, Cause: tx.cutCause, Bytes: tx.size, Limit: d.cfg.MaxTransactionBytes, Changes: tx.n,
+		Entities: make([]string, len(tx.touched)), More: tx.touchedOver, SpillDir: d.cfg.SpillDir}
+	for i, e := range tx.touched {
+		q.Entities[i] = e.entity
+	}
+	var detail string
+	if q.Reason == ReasonSpillFailed {
+		detail = "writing the transaction's spill file failed (" + errString(q.Cause) + "), so its " + strconv.Itoa(q.Changes) + " changes (" +
+			strconv.FormatInt(q.Bytes, 10) + " bytes) were not kept: refetch the tables listed from the source"
+	} else {
+		detail = "the transaction's " + strconv.Itoa(q.Changes) + " changes took " + strconv.FormatInt(q.Bytes, 10) +
+			" bytes, more than the limit of " + strconv.FormatInt(q.Limit, 10) + " for in-progress transactions, so they were not kept: refetch the tables listed from the source"
+	}
+	if q.More {
+		detail += "; it touched more than " + strconv.Itoa(maxTouched) + " tables and message prefixes, which are not all named: refetch every published table"
+	}
+	// The quarantine object is the same in every entry.
+	obj := []byte(`,"op":"quarantine","quarantine":{"op":`)
+	obj = appendString(obj, []byte(QuarantinedTransaction))
+	obj = append(obj, `,"reason":`...)
+	obj = appendString(obj, []byte(q.Reason))
+	obj = append(obj, `,"detail":`...)
+	obj = appendString(obj, []byte(detail))
+	obj = append(obj, `,"size":`...)
+	obj = strconv.AppendInt(obj, q.Bytes, 10)
+	obj = append(obj, `,"changes":`...)
+	obj = strconv.AppendInt(obj, int64(q.Changes), 10)
+	obj = append(obj, `,"firstLsn":"`...)
+	obj = appendLSN(obj, q.FirstLSN)
+	obj = append(obj, `","tables":[`...)
+	listed := min(len(q.Entities), maxListedTables)
+	for i, e := range q.Entities[:listed] {
+		if i > 0 {
+			obj = append(obj, ',')
+		}
+		obj = appendString(obj, []byte(e))
+	}
+	obj = append(obj, ']')
+	if n := len(q.Entities) - listed; n > 0 {
+		obj = append(obj, `,"tablesOmitted":`...)
+		obj = strconv.AppendInt(obj, int64(n), 10)
+	}
+	obj = append(obj, "}}"...)
+
+	out := make([]Change, len(tx.touched))
+	var tail []byte
+	for i, e := range tx.touched {
+		tail = appendString(append(tail[:0], entityField...), []byte(e.entity))
+		tail = append(tail, obj...)
+		body, _ := appendBody(nil, e.first, head, tail)
+		out[i] = Change{LSN: e.first, Entity: e.entity, Op: OpQuarantine, Body: body}
+	}
+	d.stats.Quarantined += uint64(len(out))
+	if d.cfg.OnQuarantine != nil {
+		for range out {
+			d.cfg.OnQuarantine(q.Reason)
+		}
+	}
+	if d.cfg.OnTransactionQuarantine != nil {
+		d.cfg.OnTransactionQuarantine(q)
+	}
+	return out
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "no error reported"
+	}
+	return err.Error()
 }
 
 // appendHead appends the part of every body after the change's own LSN:
@@ -503,3 +757,55 @@ func jsonValid(b []byte) bool { return len(b) > 0 && utf8.Valid(b) && validJSON(
 
 // errClosed is returned by iterating a transaction after Close.
 var errClosed = errors.New("decoder: transaction used after Close")
+
+// DefaultMaxTransactionBytes is Config.MaxTransactionBytes' default: 8 GiB.
+// A transaction of that size spills about as much to disk (and the journal
+// must hold it too); the bound keeps the spill directory's use below it, so
+// a volume of 10 GiB (the Kubernetes manifest's) always has room, with
+// headroom for the change being written and the file's buffers.
+const DefaultMaxTransactionBytes = 8 << 30
+
+// Reasons of a whole transaction replaced by quarantine entries (see
+// TransactionQuarantine).
+const (
+	// ReasonTransactionTooLarge: open transactions held more than
+	// Config.MaxTransactionBytes and this was the largest.
+	ReasonTransactionTooLarge = "transaction-too-large"
+	// ReasonSpillFailed: writing its spill file failed (a full disk, a
+	// missing or unwritable spill directory).
+	ReasonSpillFailed = "spill-failed"
+)
+
+// QuarantinedTransaction is the "op" inside the quarantine object of an
+// entry standing in for a whole transaction's changes of one entity.
+const QuarantinedTransaction Op = "transaction"
+
+// TransactionQuarantine describes a committed transaction whose changes were
+// not kept — it outgrew Config.MaxTransactionBytes, or its spill file could
+// not be written — and which is journaled instead as one quarantine entry
+// per entity it touched, so that consumers of each entity learn that they
+// must refetch it from the source.
+type TransactionQuarantine struct {
+	Xid       uint32
+	FirstLSN  LSN // its first change
+	CommitLSN LSN
+	EndLSN    LSN
+	Reason    string // ReasonTransactionTooLarge or ReasonSpillFailed
+	// Cause is the spill file's error for ReasonSpillFailed; nil otherwise.
+	Cause error
+	// Bytes is what its changes took buffered (the size of their spill
+	// records: encoded envelopes plus a small overhead each), counted to
+	// its commit, rolled-back subtransactions included.
+	Bytes int64
+	Limit int64 // Config.MaxTransactionBytes
+	// Changes is how many changes it committed (those of rolled-back
+	// subtransactions left out).
+	Changes int
+	// Entities are the entities it touched, in the order of their first
+	// change: one quarantine entry each. More says it touched more than
+	// these 1024, which are not named and get no entry (the entries' detail
+	// then says to refetch every published table).
+	Entities []string
+	More     bool
+	SpillDir string // Config.SpillDir
+}

@@ -13,12 +13,14 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/internal/pgtest"
 )
 
@@ -535,7 +537,10 @@ type deploymentSpec struct {
 			} `yaml:"securityContext"`
 			Containers []container `yaml:"containers"`
 			Volumes    []struct {
-				Name string `yaml:"name"`
+				Name     string `yaml:"name"`
+				EmptyDir *struct {
+					SizeLimit string `yaml:"sizeLimit"`
+				} `yaml:"emptyDir"`
 			} `yaml:"volumes"`
 		} `yaml:"spec"`
 	} `yaml:"template"`
@@ -560,13 +565,15 @@ type container struct {
 		Name          string `yaml:"name"`
 		ContainerPort int    `yaml:"containerPort"`
 	} `yaml:"ports"`
-	LivenessProbe  *probe `yaml:"livenessProbe"`
-	ReadinessProbe *probe `yaml:"readinessProbe"`
-	StartupProbe   *probe `yaml:"startupProbe"`
-	VolumeMounts   []struct {
-		Name      string `yaml:"name"`
-		MountPath string `yaml:"mountPath"`
-	} `yaml:"volumeMounts"`
+	LivenessProbe  *probe        `yaml:"livenessProbe"`
+	ReadinessProbe *probe        `yaml:"readinessProbe"`
+	StartupProbe   *probe        `yaml:"startupProbe"`
+	VolumeMounts   []volumeMount `yaml:"volumeMounts"`
+}
+
+type volumeMount struct {
+	Name      string `yaml:"name"`
+	MountPath string `yaml:"mountPath"`
 }
 
 type probe struct {
@@ -673,8 +680,12 @@ func TestKubernetesManifests(t *testing.T) {
 			t.Errorf("%s: pods must run as a non-root user", where)
 		}
 		volumes := map[string]bool{}
+		sizeLimits := map[string]string{} // emptyDir volumes' sizeLimit
 		for _, v := range spec.Template.Spec.Volumes {
 			volumes[v.Name] = true
+			if v.EmptyDir != nil {
+				sizeLimits[v.Name] = v.EmptyDir.SizeLimit
+			}
 		}
 		for _, c := range spec.Template.Spec.Containers {
 			cw := where + " container " + c.Name
@@ -722,6 +733,7 @@ func TestKubernetesManifests(t *testing.T) {
 				if !mounted {
 					t.Errorf("%s: --spill-dir %s is not on a mounted volume (the root filesystem is read-only)", cw, dir)
 				}
+				checkSpillVolume(t, cw, dir, set["max-transaction-bytes"], c.VolumeMounts, sizeLimits)
 			}
 			switch command {
 			case "run":
@@ -841,6 +853,54 @@ func parseEnvFile(t *testing.T, path string) map[string]string {
 		env[k] = v
 	}
 	return env
+}
+
+// checkSpillVolume: an emptyDir with a sizeLimit that holds the spill
+// directory must be larger than --max-transaction-bytes (its default when
+// unset), the most in-progress transactions may hold there; otherwise a
+// transaction below the bound gets the pod evicted, and the restarted pod
+// decodes it again and is evicted again.
+func checkSpillVolume(t *testing.T, where, dir, bound string, mounts []volumeMount, sizeLimits map[string]string) {
+	t.Helper()
+	max := int64(decoder.DefaultMaxTransactionBytes)
+	if bound != "" {
+		v, err := strconv.ParseInt(bound, 10, 64)
+		if err != nil {
+			t.Errorf("%s: --max-transaction-bytes %q is not a number of bytes", where, bound)
+			return
+		}
+		max = v
+	}
+	for _, m := range mounts {
+		if dir != m.MountPath && !strings.HasPrefix(dir, m.MountPath+"/") || sizeLimits[m.Name] == "" {
+			continue
+		}
+		size, ok := quantityBytes(sizeLimits[m.Name])
+		if !ok {
+			t.Errorf("%s: volume %s: sizeLimit %q is not a quantity this check reads", where, m.Name, sizeLimits[m.Name])
+			continue
+		}
+		if max >= size {
+			t.Errorf("%s: --max-transaction-bytes %d does not fit the spill volume %s (sizeLimit %s, %d bytes)", where, max, m.Name, sizeLimits[m.Name], size)
+		}
+	}
+}
+
+// quantityBytes reads a Kubernetes quantity of bytes with a binary or
+// decimal suffix (10Gi, 500M) or none.
+func quantityBytes(q string) (int64, bool) {
+	mult := int64(1)
+	for _, s := range []struct {
+		suffix string
+		mult   int64
+	}{{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"Ti", 1 << 40}, {"k", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}} {
+		if strings.HasSuffix(q, s.suffix) {
+			q, mult = strings.TrimSuffix(q, s.suffix), s.mult
+			break
+		}
+	}
+	v, err := strconv.ParseInt(q, 10, 64)
+	return v * mult, err == nil && v > 0
 }
 
 func TestSystemdUnits(t *testing.T) {

@@ -109,6 +109,13 @@ type Config struct {
 	// measured).
 	MemoryBudget int64
 	SpillDir     string
+	// MaxTransactionBytes bounds the bytes in-progress transactions hold in
+	// memory and SpillDir together (decoder.Config.MaxTransactionBytes;
+	// default decoder.DefaultMaxTransactionBytes, 8 GiB): past it the
+	// largest is journaled at its commit as quarantine entries telling
+	// consumers to refetch the tables it touched, so that no transaction
+	// can fill the disk and halt replication.
+	MaxTransactionBytes int64
 
 	// StandbyPoll is how often a standby retries the lock (default 1s).
 	StandbyPoll time.Duration

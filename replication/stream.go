@@ -29,6 +29,7 @@ func (r *Replicator) stream(ctx context.Context, conn *pgconn.PgConn, gen int64,
 		MemoryBudget: r.cfg.decoderBudget(), SpillDir: r.cfg.SpillDir, Counters: r.decoded,
 		ControlPrefix: snapshotPrefix, OnControlDropped: func(reason string) { r.controlsDropped.add(reason, 1) },
 		ArrayElement: cat.arrayElement, KeyColumns: cat.keyColumns,
+		MaxTransactionBytes: r.cfg.MaxTransactionBytes, OnTransactionQuarantine: r.transactionQuarantined,
 	})
 	q := newBoundedQueue(r.cfg.QueueMaxChanges, r.cfg.QueueMaxBytes)
 	wake := &waker{}

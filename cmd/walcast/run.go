@@ -85,6 +85,14 @@ database at start-up, 3 when another instance holds the slot and
 			if rc.SnapshotParallel < 1 || rc.SnapshotParallel > replication.MaxSnapshotParallel || rc.SnapshotMaxRowsPerSecond < 0 || rc.SnapshotChunkSize < 1 || rc.SnapshotChunkSize > journal.MaxSnapshotChunkSize {
 				return usageErrorf("run: --snapshot-parallel must be from 1 to %d (each is a connection to the source), --snapshot-max-rows-per-second at least 0 and --snapshot-chunk-size from 1 to %d", replication.MaxSnapshotParallel, journal.MaxSnapshotChunkSize)
 			}
+			if rc.MaxTransactionBytes < 1 {
+				return usageErrorf("run: --max-transaction-bytes must be at least 1 (default %d, 8 GiB); it bounds what in-progress transactions hold in memory and --spill-dir", int64(decoder.DefaultMaxTransactionBytes))
+			}
+			// A spill directory that cannot take files is found now, not
+			// by the first transaction larger than the memory budget.
+			if err := decoder.CheckSpillDir(rc.SpillDir); err != nil {
+				return usageErrorf("run: %v\nfix: point --spill-dir (WALCAST_SPILL_DIR) at an existing directory walcast can write, on a volume with room for --max-transaction-bytes", err)
+			}
 			rc.Logger = log
 			nf.cfg.Name = "walcast run"
 			return runReplicator(cmd.Context(), log, runSetup{tracing: otlpConfigured(env), rc: rc, journalURL: journalURL, schema: schema, httpListen: httpListen,
@@ -126,6 +134,8 @@ database at start-up, 3 when another instance holds the slot and
 	f.IntVar(&rc.MaxEnvelopeBytes, "max-envelope-bytes", decoder.DefaultMaxEnvelopeBytes, "largest envelope journaled as-is; a larger change becomes a quarantine entry (op \"quarantine\")")
 	f.Int64Var(&rc.MemoryBudget, "memory-budget", 64<<20, "resident memory of the pipeline's changes: the decoder spills in-progress transactions to --spill-dir past a sixth of it, the queue takes a quarter; RSS stays under it plus 32 MiB")
 	f.StringVar(&rc.SpillDir, "spill-dir", "", "directory for spill files (default: the system temp dir)")
+	f.Int64Var(&rc.MaxTransactionBytes, "max-transaction-bytes", decoder.DefaultMaxTransactionBytes,
+		"bytes in-progress transactions may hold in memory and --spill-dir together; past it the largest becomes one quarantine entry per table it touched (consumers refetch those tables) — keep it below the spill volume's free space")
 	f.BoolVar(&skipPreflight, "skip-preflight", false, "do not run the verify checks at start")
 	nf.register(cmd, "NATS server(s) to publish to (empty: start an embedded NATS server on --embedded-nats-listen)")
 	f.StringVar(&embeddedNATS, "embedded-nats-listen", "127.0.0.1:4222", "address of the embedded NATS server, when --nats-url is empty")
