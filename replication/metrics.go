@@ -218,7 +218,7 @@ func (r *Replicator) RegisterMetrics(meter metric.Meter) error {
 		return err
 	}
 	quarantined, err := meter.Int64ObservableCounter("walcast.quarantined",
-		metric.WithDescription("changes journaled as quarantine entries because they could not be carried as-is, by reason (entity-not-utf8, tenant-not-utf8, too-large, malformed, append-failed); alert on any increase"))
+		metric.WithDescription("changes journaled as quarantine entries because they could not be carried as-is, by reason (entity-not-utf8, tenant-not-utf8, too-large, malformed, append-failed, transaction-too-large, spill-failed); alert on any increase"))
 	if err != nil {
 		return err
 	}
