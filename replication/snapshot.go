@@ -94,6 +94,7 @@ type chunk struct {
 	limit    int // rows asked for
 	maxBytes int // the chunk stops after a row that takes it to this many bytes of values (not final then)
 	bytes    int // bytes of values read
+	nrows    int // rows read (rows is dropped by the loop once handled)
 
 	done chan struct{} // closed by the loop once it handled the high watermark
 	ok   bool          // set before done: the chunk was journaled (queued)
@@ -675,7 +676,7 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 			if c.bytes > 0 {
 				// Ask the next chunk for about the rows that fit its byte
 				// bound, so wide rows are not read only to be dropped.
-				rowCap = max(1, min(snap.ChunkSize, int(int64(c.maxBytes)*int64(len(c.rows))/int64(c.bytes))+1))
+				rowCap = max(1, min(snap.ChunkSize, int(int64(c.maxBytes)*int64(c.nrows)/int64(c.bytes))+1))
 			}
 			base = false
 			next++
@@ -954,6 +955,10 @@ func (s *snapshotter) read(ctx context.Context, conn *pgx.Conn, t *snapTable, sn
 		c.keys[i] = t.enc.Values(nil, row, t.keyIdx)
 	}
 	// The high watermark commits with the read, while the lock is held.
+	// From the registration on, the stream loop may handle the chunk (and
+	// drop its rows) before this returns: the worker reads only fields
+	// the loop never writes.
+	c.nrows = len(c.rows)
 	s.register(c)
 	registered = true
 	return s.emit(ctx, conn, watermark{Token: c.token, Mark: "high"})
