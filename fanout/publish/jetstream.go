@@ -108,6 +108,7 @@ func (p *Publisher) ensureStream(ctx context.Context) (jetstream.Stream, error) 
 			return nil, fmt.Errorf("create JetStream stream %q: %w (fix: check the account may create streams and the cluster has %d servers for the replicas)", c.Stream, err, c.Replicas)
 		}
 		p.log.Info("created the JetStream stream", "stream", c.Stream, "subjects", want, "replicas", c.Replicas, "duplicate_window", c.DuplicateWindow)
+		p.jsMaxMsg = 0
 		return s, nil
 	}
 	if err != nil {
@@ -138,10 +139,14 @@ func (p *Publisher) ensureStream(ctx context.Context) (jetstream.Stream, error) 
 	if sc.Storage != jetstream.FileStorage {
 		bad = append(bad, "it is not on file storage")
 	}
+	if sc.MaxMsgSize > 0 && sc.MaxMsgSize < minPayload {
+		bad = append(bad, fmt.Sprintf("its max message size is %d bytes, under the %d walcast needs for a change too large for it (--max-msg-size -1 lifts it)", sc.MaxMsgSize, minPayload))
+	}
 	if len(bad) > 0 {
 		return nil, fmt.Errorf("%w: stream %q: %s (fix: nats stream edit %s --subjects %q --replicas %d --dupe-window %s, or name another stream with --jetstream-stream and walcast creates it)",
 			ErrStreamMismatch, c.Stream, strings.Join(bad, "; "), c.Stream, strings.Join(want, ","), c.Replicas, c.DuplicateWindow)
 	}
+	p.jsMaxMsg = int(sc.MaxMsgSize)
 	return s, nil
 }
 
@@ -154,6 +159,9 @@ func (p *Publisher) reconcile(ctx context.Context, pos int64) (int64, error) {
 	if err != nil {
 		return pos, fmt.Errorf("read JetStream stream %q: %w", p.cfg.JetStream.Stream, err)
 	}
+	// The stream refuses a message above its max message size; an
+	// operator may have changed it since the last check.
+	p.jsMaxMsg = max(int(info.Config.MaxMsgSize), 0)
 	if info.State.Msgs == 0 {
 		// No message id to chain on (a new stream, or every message aged
 		// out): the first publish expects the stream's last sequence only.
