@@ -164,7 +164,14 @@ func (p *Publisher) reconcile(ctx context.Context, pos int64) (int64, error) {
 	p.jsMaxMsg = max(int(info.Config.MaxMsgSize), 0)
 	if info.State.Msgs == 0 {
 		// No message id to chain on (a new stream, or every message aged
-		// out): the first publish expects the stream's last sequence only.
+		// out or purged): the first publish expects the stream's last
+		// sequence only, and the position is the journal's saved one,
+		// which in JetStream mode is saved at every acknowledged batch and
+		// at a stop (recordDue, Run).
+		if info.State.LastSeq > 0 {
+			p.log.Info("the JetStream stream holds no message to reconcile with (purged, or every message aged out); continuing after the journal's published position",
+				"stream", p.cfg.JetStream.Stream, "stream_last_sequence", info.State.LastSeq, "journal_published", pos)
+		}
 		p.jsLastID, p.jsLastSeq = "", info.State.LastSeq
 		return pos, nil
 	}

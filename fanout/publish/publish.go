@@ -47,11 +47,12 @@ type Config struct {
 	// FlushTimeout bounds waiting for the server to acknowledge a batch
 	// (a NATS PING/PONG round trip); default 5s.
 	FlushTimeout time.Duration
-	// RecordInterval is the longest the published position goes unsaved
-	// while publishing, and how soon it is saved once the publisher has
-	// caught up (it is not saved at every catch-up: that would put a
-	// journal commit in front of every batch of a steady load); default
-	// 250ms. It is saved once more when Run stops.
+	// RecordInterval is, with core NATS, the longest the published
+	// position goes unsaved while publishing, and how soon it is saved
+	// once the publisher has caught up (it is not saved at every catch-up:
+	// that would put a journal commit in front of every batch of a steady
+	// load); default 250ms. It is saved once more when Run stops. In
+	// JetStream mode it is saved at every acknowledged batch (recordDue).
 	RecordInterval time.Duration
 	// PositionInterval is the most often the publisher's position is
 	// published on bus.PositionSubject while it publishes (once more when
@@ -209,6 +210,14 @@ func (p *Publisher) Run(ctx context.Context) error {
 	if err := p.initJetStream(); err != nil {
 		return err
 	}
+	if p.js != nil {
+		// Every run starts from what the stream holds, never from what an
+		// earlier run of this publisher remembers: since it ended, the
+		// stream may have stored batches it abandoned, another walcast may
+		// have published (a takeover and a give-back), or the stream may
+		// have been purged.
+		p.jsReconcile, p.jsLastID, p.jsLastSeq, p.inflight = true, "", 0, nil
+	}
 	bo := backoff.New(200*time.Millisecond, 10*time.Second)
 	var pos int64
 	loaded := false
@@ -259,19 +268,27 @@ func (p *Publisher) Run(ctx context.Context) error {
 			break
 		}
 	}
-	// The read ahead is waited for (its goroutine is Run's); a JetStream
-	// batch whose acknowledgements were not awaited does not count: the
-	// next start reconciles with the stream.
+	// Stopping: save the position reached (core NATS saves it only every
+	// RecordInterval while running), so a restart republishes nothing it
+	// need not; a save that fails leaves the older one. In JetStream mode
+	// the batch in flight is settled first: the saved position is then
+	// what the stream holds, which is where the next run continues even
+	// if the stream is emptied meanwhile (reconcile). Its
+	// acknowledgements cover the batch before it, whose wait the stop cut
+	// short: they are chained. One that does not settle within
+	// FlushTimeout does not count: the next run reconciles with the
+	// stream.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.FlushTimeout)
+	defer cancel()
+	if p.js != nil && loaded && !failing {
+		_ = p.settle(sctx)
+	}
+	// The read ahead is waited for (its goroutine is Run's).
 	p.abandon()
 	if p.js != nil {
 		pos = p.published.Load() // acknowledged by the stream
 	}
 	if loaded && !failing && p.savedPos < pos {
-		// Stopping: save the position reached (it is saved only every
-		// RecordInterval while running), so a restart republishes nothing
-		// it need not; a flush that fails leaves the older one.
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.FlushTimeout)
-		defer cancel()
 		_ = p.record(sctx, pos)
 	}
 	return nil
@@ -444,7 +461,7 @@ func (p *Publisher) caughtUp(ctx context.Context, pos, horizon int64) error {
 		wait = max(time.Millisecond, p.cfg.PositionInterval-time.Since(p.posAt))
 	}
 	if p.savedPos < pos {
-		if due := p.cfg.RecordInterval - time.Since(p.recorded); due > 0 {
+		if due := p.recordDue(); due > 0 {
 			wait = min(wait, due)
 		} else if err := p.record(ctx, pos); err != nil {
 			return err
@@ -500,16 +517,33 @@ func (p *Publisher) publish(ctx context.Context, pos int64, entries []journal.En
 	if err := p.position(done); err != nil {
 		return pos, err
 	}
-	// The position recorded in the journal is only where a restarted
-	// publisher resumes (republished copies carry the same Msg-Id), so it is
-	// saved at most every RecordInterval, after a flush or the stream's
+	// The position is saved (recordDue) after a flush or the stream's
 	// acknowledgements prove the server has everything up to it.
-	if done > p.savedPos && time.Since(p.recorded) >= p.cfg.RecordInterval {
+	if done > p.savedPos && p.recordDue() <= 0 {
 		if err := p.record(ctx, done); err != nil {
 			return pos, err
 		}
 	}
 	return last, nil
+}
+
+// recordDue is how long until the published position is to be saved
+// again (≤ 0: now).
+//
+// With core NATS the saved position is only where a restarted publisher
+// resumes (republished copies carry the same Msg-Id), so it is saved at
+// most every RecordInterval: a save is a NATS flush and a journal commit
+// in front of the next batch. In JetStream mode it is saved at every
+// acknowledged batch, for a stream that holds no message to reconcile
+// with (purged, or every message aged out) resumes from it: entries the
+// stream acknowledged but the journal does not count would be stored
+// again. The save is then one journal round trip per batch, made while
+// the next batch is in flight, without a disk flush (SetPublished).
+func (p *Publisher) recordDue() time.Duration {
+	if p.js != nil {
+		return 0
+	}
+	return p.cfg.RecordInterval - time.Since(p.recorded)
 }
 
 // position publishes seq as the publisher's position on bus.PositionSubject
