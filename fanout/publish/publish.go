@@ -100,7 +100,6 @@ type Publisher struct {
 	inflight    *jsBatch // the batch handed to the stream whose acknowledgements are not yet awaited
 	stream      jetstream.Stream
 	jsReconcile bool         // reconcile with the stream before publishing
-	jsLastID    string       // message id the next publish chains on ("": the stream holds none; jsLastSeq alone)
 	jsLastSeq   uint64       // the stream sequence the next publish expects the stream to end at
 	jsMaxMsg    int          // the stream's max message size in bytes (0: none), as of the last check or reconcile
 	ackLatency  atomic.Int64 // ns to store the last batch (metrics)
@@ -216,7 +215,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 		// stream may have stored batches it abandoned, another walcast may
 		// have published (a takeover and a give-back), or the stream may
 		// have been purged.
-		p.jsReconcile, p.jsLastID, p.jsLastSeq, p.inflight = true, "", 0, nil
+		p.jsReconcile, p.jsLastSeq, p.inflight = true, 0, nil
 	}
 	bo := backoff.New(200*time.Millisecond, 10*time.Second)
 	var pos int64
