@@ -22,25 +22,28 @@ import (
 // every journaled entry in a JetStream stream exactly once and in seq order,
 // whatever the dedup window, NATS node failures or walcast restarts:
 //
-//   - every message carries Nats-Expected-Last-Msg-Id, the message id of the
-//     entry published before it, so the stream stores a message only right
-//     after its predecessor: a lost message makes every later one fail
-//     instead of leaving a hole;
-//   - and Nats-Expected-Last-Sequence, the stream sequence that predecessor
-//     is stored at (counted on from the stream's last message at the
-//     reconcile). A clustered stream checks the message id only when its
-//     replicas apply a message, and a mismatch there is a write error that
-//     takes each replica out of service for good (nats-server 2.15: "last
-//     msgid mismatch ... critical write error"); it checks the sequence
-//     before it proposes, so a message after a hole — a server gone or a
-//     leader change with publishes in flight — is refused, not replicated.
-//     Because walcast is the stream's only writer, the message at the
-//     expected sequence is the predecessor whenever the check passes;
+//   - every message carries Nats-Expected-Last-Sequence, the stream
+//     sequence its predecessor is stored at (counted on from the stream's
+//     last message at the reconcile), so the stream stores a message only
+//     right after its predecessor: a lost message makes every later one
+//     fail instead of leaving a hole. A clustered stream's leader checks it
+//     before it proposes the message, so a message after a hole — a server
+//     gone or a leader change with publishes in flight — is refused, never
+//     replicated. Because walcast is the stream's only writer, the message
+//     at the expected sequence is the predecessor whenever the check
+//     passes;
+//   - no message carries Nats-Expected-Last-Msg-Id: each replica checks it
+//     when it applies the message, against the id of the last message it
+//     stored, which a replica that caught up from the leader's snapshot,
+//     or whose last message aged out before a restart, does not have
+//     (nats-server 2.15: processCatchupMsg and rebuildDedupe leave it
+//     stale or empty); the mismatch is a critical write error that takes
+//     the replica out of the stream for good;
 //   - the published position advances only over acknowledged messages;
-//   - after any failure, and at start, the publisher reconciles with the
-//     stream: it reads the stream's last message, and continues after the
-//     entry it holds (its Walcast-Seq), chaining on its message id. What
-//     the stream holds is the truth, so an entry acknowledged but not yet
+//   - at the start of every Run, and after any failure, the publisher
+//     reconciles with the stream: it reads the stream's last message and
+//     continues after the entry it holds (its Walcast-Seq). What the
+//     stream holds is the truth, so an entry acknowledged but not yet
 //     recorded in the journal is never stored twice, however long walcast
 //     was away.
 //
@@ -108,6 +111,7 @@ func (p *Publisher) ensureStream(ctx context.Context) (jetstream.Stream, error) 
 			return nil, fmt.Errorf("create JetStream stream %q: %w (fix: check the account may create streams and the cluster has %d servers for the replicas)", c.Stream, err, c.Replicas)
 		}
 		p.log.Info("created the JetStream stream", "stream", c.Stream, "subjects", want, "replicas", c.Replicas, "duplicate_window", c.DuplicateWindow)
+		p.jsMaxMsg = 0
 		return s, nil
 	}
 	if err != nil {
@@ -138,26 +142,40 @@ func (p *Publisher) ensureStream(ctx context.Context) (jetstream.Stream, error) 
 	if sc.Storage != jetstream.FileStorage {
 		bad = append(bad, "it is not on file storage")
 	}
+	if sc.MaxMsgSize > 0 && sc.MaxMsgSize < minPayload {
+		bad = append(bad, fmt.Sprintf("its max message size is %d bytes, under the %d walcast needs for a change too large for it (--max-msg-size -1 lifts it)", sc.MaxMsgSize, minPayload))
+	}
 	if len(bad) > 0 {
 		return nil, fmt.Errorf("%w: stream %q: %s (fix: nats stream edit %s --subjects %q --replicas %d --dupe-window %s, or name another stream with --jetstream-stream and walcast creates it)",
 			ErrStreamMismatch, c.Stream, strings.Join(bad, "; "), c.Stream, strings.Join(want, ","), c.Replicas, c.DuplicateWindow)
 	}
+	p.jsMaxMsg = int(sc.MaxMsgSize)
 	return s, nil
 }
 
 // reconcile reads the stream's last message and returns the position to
 // continue from (the journal seq it holds, or pos when the stream holds no
-// entry of this journal's current history) and the message id the next
-// publish must chain on ("" for an empty stream).
+// entry of this journal's current history); the next publish expects the
+// stream to end at that message's sequence.
 func (p *Publisher) reconcile(ctx context.Context, pos int64) (int64, error) {
 	info, err := p.stream.Info(ctx)
 	if err != nil {
 		return pos, fmt.Errorf("read JetStream stream %q: %w", p.cfg.JetStream.Stream, err)
 	}
+	// The stream refuses a message above its max message size; an
+	// operator may have changed it since the last check.
+	p.jsMaxMsg = max(int(info.Config.MaxMsgSize), 0)
 	if info.State.Msgs == 0 {
-		// No message id to chain on (a new stream, or every message aged
-		// out): the first publish expects the stream's last sequence only.
-		p.jsLastID, p.jsLastSeq = "", info.State.LastSeq
+		// No message to read (a new stream, or every message aged out or
+		// purged): the first publish expects the stream's last sequence,
+		// and the position is the journal's saved one,
+		// which in JetStream mode is saved at every acknowledged batch and
+		// at a stop (recordDue, Run).
+		if info.State.LastSeq > 0 {
+			p.log.Info("the JetStream stream holds no message to reconcile with (purged, or every message aged out); continuing after the journal's published position",
+				"stream", p.cfg.JetStream.Stream, "stream_last_sequence", info.State.LastSeq, "journal_published", pos)
+		}
+		p.jsLastSeq = info.State.LastSeq
 		return pos, nil
 	}
 	m, err := p.stream.GetMsg(ctx, info.State.LastSeq)
@@ -170,7 +188,7 @@ func (p *Publisher) reconcile(ctx context.Context, pos int64) (int64, error) {
 		return pos, fmt.Errorf("%w: the last message of stream %q (sequence %d, subject %s, Nats-Msg-Id %q) was not published by this journal's walcast (fix: give each journal a stream of its own with --jetstream-stream)",
 			ErrStreamMismatch, p.cfg.JetStream.Stream, m.Sequence, m.Subject, id)
 	}
-	p.jsLastID, p.jsLastSeq = id, m.Sequence
+	p.jsLastSeq = m.Sequence
 	lg, err := p.j.ReadAfter(ctx, max(seq-1, 0), 1)
 	if err != nil {
 		return pos, err
@@ -236,19 +254,15 @@ type jsBatch struct {
 func (p *Publisher) publishJS(ctx context.Context, msgs []*nats.Msg, entries []journal.Entry) error {
 	b := &jsBatch{futures: make([]jetstream.PubAckFuture, len(msgs)), entries: entries, start: time.Now()}
 	for i, m := range msgs {
-		// The expectations are set as headers here rather than with
-		// publish options, which would cost an option closure and a
+		// The expectation is set as a header here rather than with a
+		// publish option, which would cost an option closure and a
 		// pubOpts per message.
-		if p.jsLastID != "" {
-			m.Header[jetstream.ExpectedLastMsgIDHeader] = []string{p.jsLastID}
-		}
 		m.Header[jetstream.ExpectedLastSeqHeader] = []string{strconv.FormatUint(p.jsLastSeq, 10)}
 		f, err := p.js.PublishMsgAsync(m)
 		if err != nil {
 			return fmt.Errorf("publish seq %d to JetStream: %w", entries[i].Seq, err)
 		}
 		b.futures[i] = f
-		p.jsLastID = m.Header.Get(bus.HeaderMsgID)
 		p.jsLastSeq++ // where this message is stored once it is
 	}
 	prev := p.inflight
@@ -259,14 +273,11 @@ func (p *Publisher) publishJS(ctx context.Context, msgs []*nats.Msg, entries []j
 	return nil
 }
 
-// jsExpectRoom is the most bytes the expectation headers publishJS adds to
-// a message take in its header block: the id of the message before it (this
-// journal's id, an epoch and a seq of at most 19 digits) and the stream's
-// last sequence (at most 20 digits).
+// jsExpectRoom is the most bytes the expectation header publishJS adds to
+// a message takes in its header block: the stream's last sequence (at most
+// 20 digits).
 func (p *Publisher) jsExpectRoom() int {
-	id := len(jetstream.ExpectedLastMsgIDHeader) + len(": ") + len(p.id) + len(":") + 16 + len(":") + 19 + len("\r\n")
-	seq := len(jetstream.ExpectedLastSeqHeader) + len(": ") + 20 + len("\r\n")
-	return id + seq
+	return len(jetstream.ExpectedLastSeqHeader) + len(": ") + 20 + len("\r\n")
 }
 
 // settle waits for the acknowledgements of the batch in flight, if any.

@@ -47,11 +47,12 @@ type Config struct {
 	// FlushTimeout bounds waiting for the server to acknowledge a batch
 	// (a NATS PING/PONG round trip); default 5s.
 	FlushTimeout time.Duration
-	// RecordInterval is the longest the published position goes unsaved
-	// while publishing, and how soon it is saved once the publisher has
-	// caught up (it is not saved at every catch-up: that would put a
-	// journal commit in front of every batch of a steady load); default
-	// 250ms. It is saved once more when Run stops.
+	// RecordInterval is, with core NATS, the longest the published
+	// position goes unsaved while publishing, and how soon it is saved
+	// once the publisher has caught up (it is not saved at every catch-up:
+	// that would put a journal commit in front of every batch of a steady
+	// load); default 250ms. It is saved once more when Run stops. In
+	// JetStream mode it is saved at every acknowledged batch (recordDue).
 	RecordInterval time.Duration
 	// PositionInterval is the most often the publisher's position is
 	// published on bus.PositionSubject while it publishes (once more when
@@ -99,13 +100,18 @@ type Publisher struct {
 	inflight    *jsBatch // the batch handed to the stream whose acknowledgements are not yet awaited
 	stream      jetstream.Stream
 	jsReconcile bool         // reconcile with the stream before publishing
-	jsLastID    string       // message id the next publish chains on ("": the stream holds none; jsLastSeq alone)
 	jsLastSeq   uint64       // the stream sequence the next publish expects the stream to end at
+	jsMaxMsg    int          // the stream's max message size in bytes (0: none), as of the last check or reconcile
 	ackLatency  atomic.Int64 // ns to store the last batch (metrics)
 	jsm         jsMetrics    // JetStream measurements (jetstream.go)
 	posAt       time.Time    // when; owned by Run
 	count       atomic.Uint64
 	oversize    atomic.Uint64
+	unparsed    atomic.Uint64
+	// unparsedLog is when an unparsed envelope was last logged, and
+	// unparsedQuiet how many were not logged since; owned by Run.
+	unparsedLog   time.Time
+	unparsedQuiet uint64
 
 	mc       msgCache                           // strings entries share (message); owned by Run
 	byEntity *decoder.Counters                  // published by entity and op, read by metrics
@@ -178,12 +184,17 @@ type Stats struct {
 	Horizon   int64  // journal horizon at the last read
 	Messages  uint64 // messages published (including republished ones)
 	Oversize  uint64 // reference envelopes published for changes too large for NATS
+	// Unparsed counts the oversize entries whose envelope could not be
+	// parsed (JSON nested deeper than encoding/json's limit, or bytes that
+	// are not a JSON object): their reference was built from the journal
+	// row's own fields. Each is also counted in Oversize.
+	Unparsed uint64
 }
 
 // Stats returns the publisher's counters.
 func (p *Publisher) Stats() Stats {
 	return Stats{Published: p.published.Load(), Horizon: p.horizon.Load(),
-		Messages: p.count.Load(), Oversize: p.oversize.Load()}
+		Messages: p.count.Load(), Oversize: p.oversize.Load(), Unparsed: p.unparsed.Load()}
 }
 
 // Run publishes until ctx ends, then returns nil. Errors (NATS down, journal
@@ -197,6 +208,14 @@ func (p *Publisher) Run(ctx context.Context) error {
 	}
 	if err := p.initJetStream(); err != nil {
 		return err
+	}
+	if p.js != nil {
+		// Every run starts from what the stream holds, never from what an
+		// earlier run of this publisher remembers: since it ended, the
+		// stream may have stored batches it abandoned, another walcast may
+		// have published (a takeover and a give-back), or the stream may
+		// have been purged.
+		p.jsReconcile, p.jsLastSeq, p.inflight = true, 0, nil
 	}
 	bo := backoff.New(200*time.Millisecond, 10*time.Second)
 	var pos int64
@@ -248,19 +267,27 @@ func (p *Publisher) Run(ctx context.Context) error {
 			break
 		}
 	}
-	// The read ahead is waited for (its goroutine is Run's); a JetStream
-	// batch whose acknowledgements were not awaited does not count: the
-	// next start reconciles with the stream.
+	// Stopping: save the position reached (core NATS saves it only every
+	// RecordInterval while running), so a restart republishes nothing it
+	// need not; a save that fails leaves the older one. In JetStream mode
+	// the batch in flight is settled first: the saved position is then
+	// what the stream holds, which is where the next run continues even
+	// if the stream is emptied meanwhile (reconcile). Its
+	// acknowledgements cover the batch before it, whose wait the stop cut
+	// short: they are chained. One that does not settle within
+	// FlushTimeout does not count: the next run reconciles with the
+	// stream.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.FlushTimeout)
+	defer cancel()
+	if p.js != nil && loaded && !failing {
+		_ = p.settle(sctx)
+	}
+	// The read ahead is waited for (its goroutine is Run's).
 	p.abandon()
 	if p.js != nil {
 		pos = p.published.Load() // acknowledged by the stream
 	}
 	if loaded && !failing && p.savedPos < pos {
-		// Stopping: save the position reached (it is saved only every
-		// RecordInterval while running), so a restart republishes nothing
-		// it need not; a flush that fails leaves the older one.
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.FlushTimeout)
-		defer cancel()
 		_ = p.record(sctx, pos)
 	}
 	return nil
@@ -433,7 +460,7 @@ func (p *Publisher) caughtUp(ctx context.Context, pos, horizon int64) error {
 		wait = max(time.Millisecond, p.cfg.PositionInterval-time.Since(p.posAt))
 	}
 	if p.savedPos < pos {
-		if due := p.cfg.RecordInterval - time.Since(p.recorded); due > 0 {
+		if due := p.recordDue(); due > 0 {
 			wait = min(wait, due)
 		} else if err := p.record(ctx, pos); err != nil {
 			return err
@@ -455,16 +482,16 @@ func (p *Publisher) caughtUp(ctx context.Context, pos, horizon int64) error {
 // (publishJS leaves this batch in flight), so a position message or a
 // saved position never counts an entry the stream may not hold.
 func (p *Publisher) publish(ctx context.Context, pos int64, entries []journal.Entry) (int64, error) {
-	max := int(p.nc.MaxPayload())
+	max, err := p.payloadLimit()
+	if err != nil {
+		return pos, err
+	}
 	var msgs []*nats.Msg
 	if p.js != nil {
 		msgs = make([]*nats.Msg, 0, len(entries))
 	}
 	for i := range entries {
-		msg, over, err := p.message(&entries[i], max)
-		if err != nil {
-			return pos, err
-		}
+		msg, over := p.message(&entries[i], max)
 		if p.js != nil {
 			msgs = append(msgs, msg)
 		} else if err := p.nc.PublishMsg(msg); err != nil {
@@ -489,16 +516,33 @@ func (p *Publisher) publish(ctx context.Context, pos int64, entries []journal.En
 	if err := p.position(done); err != nil {
 		return pos, err
 	}
-	// The position recorded in the journal is only where a restarted
-	// publisher resumes (republished copies carry the same Msg-Id), so it is
-	// saved at most every RecordInterval, after a flush or the stream's
+	// The position is saved (recordDue) after a flush or the stream's
 	// acknowledgements prove the server has everything up to it.
-	if done > p.savedPos && time.Since(p.recorded) >= p.cfg.RecordInterval {
+	if done > p.savedPos && p.recordDue() <= 0 {
 		if err := p.record(ctx, done); err != nil {
 			return pos, err
 		}
 	}
 	return last, nil
+}
+
+// recordDue is how long until the published position is to be saved
+// again (≤ 0: now).
+//
+// With core NATS the saved position is only where a restarted publisher
+// resumes (republished copies carry the same Msg-Id), so it is saved at
+// most every RecordInterval: a save is a NATS flush and a journal commit
+// in front of the next batch. In JetStream mode it is saved at every
+// acknowledged batch, for a stream that holds no message to reconcile
+// with (purged, or every message aged out) resumes from it: entries the
+// stream acknowledged but the journal does not count would be stored
+// again. The save is then one journal round trip per batch, made while
+// the next batch is in flight, without a disk flush (SetPublished).
+func (p *Publisher) recordDue() time.Duration {
+	if p.js != nil {
+		return 0
+	}
+	return p.cfg.RecordInterval - time.Since(p.recorded)
 }
 
 // position publishes seq as the publisher's position on bus.PositionSubject
@@ -553,17 +597,20 @@ func (p *Publisher) record(ctx context.Context, seq int64) error {
 	return nil
 }
 
-// message builds the NATS message of an entry. An envelope larger than max
-// goes out as a reference envelope without row data; one whose reference
-// is still too large (huge names) as a minimal reference. Subject and
-// headers are bounded (fanout/bus), so every entry yields a message the
-// server takes and no entry can stall the publisher. In JetStream mode the
-// room left counts the expectation header publishJS adds.
+// message builds the NATS message of an entry; over reports a reference
+// envelope in place of the entry's own. An envelope larger than max goes
+// out as a reference envelope without row data; one whose reference is
+// still too large (huge names) as a minimal reference; one that cannot be
+// parsed (rowReference) as a reference built from the journal row's fields
+// alone. Subject and headers are bounded (fanout/bus), and with max at
+// least minPayload (payloadLimit) every entry yields a message the server
+// takes, so no entry can stall the publisher. In JetStream mode the room
+// left counts the expectation header publishJS adds.
 //
 // It runs once per entry, so it allocates little: the strings entries share
 // (subject, epoch, commit LSN) come from p.mc, the header values share one
 // array, and Walcast-Seq is the end of the Nats-Msg-Id string.
-func (p *Publisher) message(e *journal.Entry, max int) (*nats.Msg, bool, error) {
+func (p *Publisher) message(e *journal.Entry, max int) (m *nats.Msg, over bool) {
 	subject := p.mc.subject(p.cfg.Prefix, e)
 	epoch := p.mc.epochHex(e.Epoch)
 	var buf [96]byte
@@ -579,37 +626,124 @@ func (p *Publisher) message(e *journal.Entry, max int) (*nats.Msg, bool, error) 
 	h.set(bus.HeaderEpoch, epoch)
 	h.set(bus.HeaderSeq, id[n:])
 	h.set(bus.HeaderEntitySeq, strconv.FormatInt(e.EntitySeq, 10))
-	if len(e.Entity) <= bus.MaxHeaderValueBytes {
-		h.set(bus.HeaderEntity, e.Entity)
-	}
 	h.set(bus.HeaderCommitLSN, p.mc.lsnText(e.CommitLSN))
-	if e.HasTenant && len(e.Tenant) <= bus.MaxHeaderValueBytes {
-		h.set(bus.HeaderTenant, e.Tenant)
-	}
 	if e.TenantUnknown {
 		h.set(bus.HeaderTenantUnknown, "true")
 	}
-	m := &nats.Msg{Subject: subject, Header: h.h, Data: e.Envelope}
+	if len(e.Entity) <= bus.MaxHeaderValueBytes {
+		h.set(bus.HeaderEntity, e.Entity)
+	}
+	if e.HasTenant && len(e.Tenant) <= bus.MaxHeaderValueBytes {
+		h.set(bus.HeaderTenant, e.Tenant)
+	}
 	// Headers and subject count against the payload limit too; leave them
 	// room.
-	room := max - len(m.Subject) - h.size
+	room := max - len(subject) - h.size
 	if p.js != nil {
 		room -= p.jsExpectRoom()
 	}
+	m = &nats.Msg{Subject: subject, Header: h.h, Data: e.Envelope}
 	if len(m.Data) <= room {
-		return m, false, nil
+		return m, false
 	}
 	ref, err := referenceEnvelope(e.Envelope, false)
+	if err == nil && len(ref) > room {
+		ref, err = referenceEnvelope(e.Envelope, true)
+	}
 	if err != nil {
-		return nil, false, fmt.Errorf("seq %d: %w", e.Seq, err)
+		p.noteUnparsed(e, err)
+		ref = rowReference(e, true)
 	}
 	if len(ref) > room {
-		if ref, err = referenceEnvelope(e.Envelope, true); err != nil {
-			return nil, false, fmt.Errorf("seq %d: %w", e.Seq, err)
-		}
+		// Names too large for the room (a server with a small max
+		// payload): the minimal row reference, without the name headers
+		// (the subject still routes it; the journal has the rest).
+		ref = rowReference(e, false)
+		delete(m.Header, bus.HeaderEntity)
+		delete(m.Header, bus.HeaderTenant)
 	}
 	m.Data = ref
-	return m, true, nil
+	return m, true
+}
+
+// minPayload is the least max payload (or JetStream max message size)
+// walcast publishes with: room for the longest subject, the headers
+// without the entity and tenant values, the expectation header and a
+// minimal row reference, with a wide margin.
+const minPayload = 4096
+
+// payloadLimit is the most bytes one message may take: the server's max
+// payload and, in JetStream mode, the stream's max message size. Below
+// minPayload even a minimal reference may not fit; that is the servers'
+// configuration, not an entry, and stops publishing with the fix.
+func (p *Publisher) payloadLimit() (int, error) {
+	max := int(p.nc.MaxPayload())
+	if max < minPayload {
+		return 0, fmt.Errorf("the NATS server's max_payload is %d bytes, under the %d walcast needs for a change too large for it (fix: raise max_payload in the NATS server configuration)", max, minPayload)
+	}
+	if p.js != nil && p.jsMaxMsg > 0 {
+		max = min(max, p.jsMaxMsg)
+	}
+	return max, nil
+}
+
+// noteUnparsed counts an oversize entry whose envelope could not be parsed
+// and logs it, once a minute at most with the number not logged since:
+// every such entry is published as its row reference, so it repeats only
+// if more such entries are journaled.
+func (p *Publisher) noteUnparsed(e *journal.Entry, err error) {
+	p.unparsed.Add(1)
+	if !p.unparsedLog.IsZero() && time.Since(p.unparsedLog) < time.Minute {
+		p.unparsedQuiet++
+		return
+	}
+	p.log.Warn("a journaled change too large for NATS has an envelope that cannot be parsed; published a reference built from its journal row, and readers fetch the change from the journal (nothing to fix in walcast; JSON values nested deeper than 10,000 levels cause this)",
+		"seq", e.Seq, "entity", e.Entity, "err", err, "not_logged_since_last", p.unparsedQuiet)
+	p.unparsedLog, p.unparsedQuiet = time.Now(), 0
+}
+
+// rowReference is the reference envelope of an entry built from its journal
+// row's fields alone, never from its envelope: seq, entitySeq, lsn,
+// commitLsn, commitTime, op, tenantUnknown and "oversize":true, and with
+// names the entity and tenant when at most bus.MaxHeaderValueBytes each.
+// It is valid JSON whatever the row holds (strings are escaped, invalid
+// UTF-8 replaced); without names it is at most a few hundred bytes.
+func rowReference(e *journal.Entry, names bool) []byte {
+	b := make([]byte, 0, 256)
+	b = append(b, `{"seq":`...)
+	b = strconv.AppendInt(b, e.Seq, 10)
+	b = append(b, `,"entitySeq":`...)
+	b = strconv.AppendInt(b, e.EntitySeq, 10)
+	b = append(b, `,"lsn":"`...)
+	b = append(b, e.LSN.String()...)
+	b = append(b, `","commitLsn":"`...)
+	b = append(b, e.CommitLSN.String()...)
+	b = append(b, '"')
+	if !e.CommitTime.IsZero() {
+		b = append(b, `,"commitTime":"`...)
+		b = e.CommitTime.UTC().AppendFormat(b, "2006-01-02T15:04:05.000000Z")
+		b = append(b, '"')
+	}
+	if names && len(e.Entity) <= bus.MaxHeaderValueBytes {
+		b = append(b, `,"entity":`...)
+		b = appendJSONString(b, e.Entity)
+	}
+	b = append(b, `,"op":`...)
+	b = appendJSONString(b, string(e.Op))
+	if names && e.HasTenant && len(e.Tenant) <= bus.MaxHeaderValueBytes {
+		b = append(b, `,"tenant":`...)
+		b = appendJSONString(b, e.Tenant)
+	}
+	if e.TenantUnknown {
+		b = append(b, `,"tenantUnknown":true`...)
+	}
+	return append(b, `,"oversize":true}`...)
+}
+
+// appendJSONString appends s as a JSON string.
+func appendJSONString(b []byte, s string) []byte {
+	q, _ := json.Marshal(s) // a string always marshals
+	return append(b, q...)
 }
 
 // headers builds a message's header map with one array for its values;
@@ -738,6 +872,11 @@ func (p *Publisher) RegisterMetrics(meter metric.Meter) error {
 	if err != nil {
 		return err
 	}
+	unparsed, err := meter.Int64ObservableCounter("walcast.nats.unparsed",
+		metric.WithDescription("oversize envelopes that could not be parsed, published as a reference built from the journal row (also counted in walcast.nats.oversize)"))
+	if err != nil {
+		return err
+	}
 	behind, err := meter.Int64ObservableGauge("walcast.nats.publish.lag", metric.WithUnit("{entry}"),
 		metric.WithDescription("journal entries not yet published (journal horizon minus published seq)"))
 	if err != nil {
@@ -755,13 +894,14 @@ func (p *Publisher) RegisterMetrics(meter metric.Meter) error {
 		s := p.Stats()
 		o.ObserveInt64(published, int64(s.Messages))
 		o.ObserveInt64(oversize, int64(s.Oversize))
+		o.ObserveInt64(unparsed, int64(s.Unparsed))
 		lag := s.Horizon - s.Published
 		if lag < 0 {
 			lag = 0
 		}
 		o.ObserveInt64(behind, lag)
 		return nil
-	}, published, oversize, behind, byEntity)
+	}, published, oversize, unparsed, behind, byEntity)
 	if err != nil {
 		return err
 	}

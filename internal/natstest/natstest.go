@@ -20,6 +20,50 @@ type Server struct {
 	mu   sync.Mutex // guards the following fields
 	opts server.Options
 	srv  *server.Server
+
+	log serverLog // what the server logged at warning level and above, across restarts
+}
+
+// serverLog keeps the warnings and errors a server logs (its notices,
+// debug and trace lines are dropped), so a test can check that a server
+// reported no fault.
+type serverLog struct {
+	mu    sync.Mutex // guards lines
+	lines []string
+}
+
+// maxLogLines bounds serverLog: later lines are dropped.
+const maxLogLines = 10000
+
+func (l *serverLog) add(level, format string, v ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.lines) < maxLogLines {
+		l.lines = append(l.lines, level+" "+fmt.Sprintf(format, v...))
+	}
+}
+
+func (l *serverLog) Noticef(format string, v ...any) { l.add("[INF]", format, v...) }
+func (l *serverLog) Debugf(string, ...any)           {}
+func (l *serverLog) Tracef(string, ...any)           {}
+func (l *serverLog) Warnf(format string, v ...any)   { l.add("[WRN]", format, v...) }
+func (l *serverLog) Errorf(format string, v ...any)  { l.add("[ERR]", format, v...) }
+func (l *serverLog) Fatalf(format string, v ...any)  { l.add("[FTL]", format, v...) }
+
+// Logged returns the warnings and errors the server logged so far, across
+// restarts, each prefixed with its level ("[WRN]", "[ERR]", "[FTL]").
+func (s *Server) Logged() []string {
+	s.log.mu.Lock()
+	defer s.log.mu.Unlock()
+	return append([]string(nil), s.log.lines...)
+}
+
+// StoreDir is the server's store directory (JetStream keeps its data
+// under StoreDir/jetstream), the same across restarts.
+func (s *Server) StoreDir() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.opts.StoreDir
 }
 
 // Start runs a NATS server for the test; it is shut down and its store
@@ -61,6 +105,7 @@ func (s *Server) start() error {
 	if err != nil {
 		return fmt.Errorf("natstest: %w", err)
 	}
+	srv.SetLogger(&s.log, false, false)
 	go srv.Start()
 	if !srv.ReadyForConnections(10 * time.Second) {
 		srv.Shutdown()
