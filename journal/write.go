@@ -213,9 +213,7 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 		for _, t := range kept {
 			n += t.Len()
 		}
-		if n <= recentMaxEntries { // a larger append is not kept
-			src.keep = &recentBatch{entries: make([]Entry, 0, n)}
-		}
+		src.keep = newRecentBatch(n) // nil: a larger append is not kept
 	}
 	reuse := false
 	defer func() {
@@ -289,10 +287,11 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 		// Before the wake-up: the publisher it wakes reads them from
 		// memory (recent.go).
 		var kept []Entry
+		var held int
 		if src.keep != nil {
-			kept = src.keep.done()
+			kept, held = src.keep.done()
 		}
-		j.recent.add(nextSeq, src.next, kept, j.cache.epoch, j.cache.epochSeq)
+		j.recent.add(nextSeq, src.next, kept, held, j.cache.epoch, j.cache.epochSeq)
 		// Waiters in this process (the publisher beside the replicator)
 		// learn of the commit now, not a NOTIFY round trip later.
 		j.wakeLocal(src.next-1, o.epoch)
