@@ -303,7 +303,12 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 }
 
 // defaultOneShotBytes is the largest encoded batch sent in one round trip.
-const defaultOneShotBytes = 16 << 20
+// The encoded batch is held whole until it is sent (and its buffer kept
+// for the next append), beside the batch's transactions and the recent
+// log's copy of it; a larger batch streams in copyChunk pieces and pays
+// one more round trip, small against sending a MiB. At 16 MiB the buffer
+// of a batch of small transactions (half the queue's 16 MiB) held 10 MB.
+const defaultOneShotBytes = 1 << 20
 
 // finishSQL is the statement that completes an append after its COPY: it
 // updates the meta row, upserts the entity sequences and notifies. (It still
