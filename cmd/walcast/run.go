@@ -86,6 +86,7 @@ database at start-up, 3 when another instance holds the slot and
 				return usageErrorf("run: --snapshot-parallel must be at least 1, --snapshot-max-rows-per-second at least 0 and --snapshot-chunk-size from 1 to %d", journal.MaxSnapshotChunkSize)
 			}
 			rc.Logger = log
+			setGoMemoryLimit(env, rc.MemoryBudget)
 			nf.cfg.Name = "walcast run"
 			return runReplicator(cmd.Context(), log, runSetup{tracing: otlpConfigured(env), rc: rc, journalURL: journalURL, schema: schema, httpListen: httpListen,
 				retention: retention, pruneEvery: pruneEvery, preflight: !skipPreflight,
