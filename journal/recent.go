@@ -4,6 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/walcast/walcast/decoder"
 )
@@ -27,9 +28,10 @@ import (
 // read whose first entry it does not hold — older entries, or anything past
 // this process's own appends — goes to the journal as before.
 //
-// It is bounded by recentMaxBytes of envelopes and recentMaxEntries
-// entries, dropping its oldest append first; an append larger than that is
-// not kept at all (a catch-up reader far behind reads the journal anyway).
+// It is bounded by recentMaxBytes of memory — the envelopes' arenas, the
+// entries themselves and their tenants — and recentMaxEntries entries,
+// dropping its oldest append first; an append larger than that is not kept
+// at all (a catch-up reader far behind reads the journal anyway).
 type recentLog struct {
 	mu       sync.Mutex // guards the following fields
 	version  uint64     // incremented by every change (observe compares it)
@@ -38,7 +40,7 @@ type recentLog struct {
 	floor    int64      // the retained floor at the last read of the journal; 0: none yet
 	next     int64      // the seq after the newest kept entry; 0: nothing kept
 	chunks   []recentChunk
-	bytes    int // envelope bytes kept
+	bytes    int // memory the kept chunks hold (recentChunk.bytes)
 	entries  int // entries kept
 
 	hits   atomic.Uint64 // reads answered from memory (for tests)
@@ -48,7 +50,7 @@ type recentLog struct {
 // recentChunk is the kept part of one append: consecutive seqs.
 type recentChunk struct {
 	entries []Entry
-	bytes   int
+	bytes   int // the memory it holds (recentBatch.held)
 }
 
 // Bounds of the recent log: about two of a catch-up's journal batches
@@ -61,46 +63,86 @@ const (
 )
 
 // recentBatch gathers the entries of one append while it encodes
-// (copySource.row). Envelopes are copied into arenas of recentArenaBytes
-// (or one envelope's size), each filled and then left: an envelope never
-// moves once copied, so nothing grows by copying (growing one slice per
-// batch had been 9% of walcast's CPU in a catch-up). The caller sizes
-// entries for the append's changes.
+// (copySource.row). Envelopes are copied into arenas, each filled and then
+// left: an envelope never moves once copied, so nothing grows by copying
+// (growing one slice per batch had been 9% of walcast's CPU in a
+// catch-up). Arenas double from recentArenaMin to recentArenaBytes (or one
+// envelope's size), so a small append holds little more than its
+// envelopes and a large one few arenas. held counts everything the batch
+// keeps alive — arenas whole, entries at their capacity, tenants — so the
+// log's bound is memory, not envelope bytes: many small appends, each
+// holding an arena far larger than its envelopes, cannot hold many times
+// the bound.
 type recentBatch struct {
 	entries []Entry
 	arena   []byte
-	bytes   int
+	held    int
 	over    bool // the append is larger than the log keeps
 }
 
-// recentArenaBytes is the size of a recentBatch arena: small against the
-// log's bound, large against an envelope.
-const recentArenaBytes = 256 << 10
+// Arena sizes of a recentBatch: from small against a small append to small
+// against the log's bound and large against an envelope.
+const (
+	recentArenaMin   = 4 << 10
+	recentArenaBytes = 256 << 10
+)
+
+// recentEntryBytes is the memory of one Entry besides its envelope and tenant.
+const recentEntryBytes = int(unsafe.Sizeof(Entry{}))
+
+// newRecentBatch returns a batch for an append of n changes; nil when even
+// their entries would exceed the log's bounds.
+func newRecentBatch(n int) *recentBatch {
+	if n > recentMaxEntries || n*recentEntryBytes > recentMaxBytes {
+		return nil
+	}
+	return &recentBatch{entries: make([]Entry, 0, n), held: n * recentEntryBytes}
+}
 
 func (b *recentBatch) add(e Entry, env []byte) {
 	if b.over {
 		return
 	}
-	if b.bytes+len(env) > recentMaxBytes || len(b.entries) >= recentMaxEntries {
-		b.over, b.entries, b.arena = true, nil, nil
+	if len(b.entries) >= recentMaxEntries {
+		b.drop()
 		return
 	}
 	if cap(b.arena)-len(b.arena) < len(env) {
-		b.arena = make([]byte, 0, max(recentArenaBytes, len(env)))
+		size := max(min(2*cap(b.arena), recentArenaBytes), recentArenaMin, len(env))
+		if b.held+size > recentMaxBytes {
+			b.drop()
+			return
+		}
+		b.arena = make([]byte, 0, size)
+		b.held += size
 	}
+	if b.held+len(e.Tenant) > recentMaxBytes {
+		b.drop()
+		return
+	}
+	b.held += len(e.Tenant)
 	off := len(b.arena)
 	b.arena = append(b.arena, env...)
 	e.Envelope = b.arena[off:len(b.arena):len(b.arena)]
-	b.bytes += len(env)
-	b.entries = append(b.entries, e)
+	c := cap(b.entries)
+	b.entries = append(b.entries, e) // grows only past the changes (a tenant move is two entries)
+	b.held += (cap(b.entries) - c) * recentEntryBytes
+	if b.held > recentMaxBytes {
+		b.drop()
+	}
 }
 
-// done returns the entries (nil when over).
-func (b *recentBatch) done() []Entry {
+// drop gives up the append: it is larger than the log keeps.
+func (b *recentBatch) drop() {
+	b.over, b.entries, b.arena, b.held = true, nil, nil, 0
+}
+
+// done returns the entries (nil when over) and the memory they hold.
+func (b *recentBatch) done() ([]Entry, int) {
 	if b.over {
-		return nil
+		return nil, 0
 	}
-	return b.entries
+	return b.entries, b.held
 }
 
 // rowEntry is the Entry a journal read returns for a row the COPY writes.
@@ -127,8 +169,8 @@ func (r *recentLog) resetLocked() {
 
 // add records a committed append of seqs first..next-1 in epoch (which
 // starts at epochSeq); entries is what it kept of them, nil when the
-// append was too large.
-func (r *recentLog) add(first, next int64, entries []Entry, epoch, epochSeq int64) {
+// append was too large, and held the memory they hold (recentBatch.done).
+func (r *recentLog) add(first, next int64, entries []Entry, held int, epoch, epochSeq int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.next != first || r.epoch != epoch || r.epochSeq != epochSeq {
@@ -144,10 +186,7 @@ func (r *recentLog) add(first, next int64, entries []Entry, epoch, epochSeq int6
 	for i := range entries {
 		entries[i].Epoch = epoch
 	}
-	c := recentChunk{entries: entries}
-	for i := range entries {
-		c.bytes += len(entries[i].Envelope)
-	}
+	c := recentChunk{entries: entries, bytes: held}
 	r.chunks = append(r.chunks, c)
 	r.bytes += c.bytes
 	r.entries += len(entries)

@@ -213,9 +213,7 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 		for _, t := range kept {
 			n += t.Len()
 		}
-		if n <= recentMaxEntries { // a larger append is not kept
-			src.keep = &recentBatch{entries: make([]Entry, 0, n)}
-		}
+		src.keep = newRecentBatch(n) // nil: a larger append is not kept
 	}
 	reuse := false
 	defer func() {
@@ -289,10 +287,11 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 		// Before the wake-up: the publisher it wakes reads them from
 		// memory (recent.go).
 		var kept []Entry
+		var held int
 		if src.keep != nil {
-			kept = src.keep.done()
+			kept, held = src.keep.done()
 		}
-		j.recent.add(nextSeq, src.next, kept, j.cache.epoch, j.cache.epochSeq)
+		j.recent.add(nextSeq, src.next, kept, held, j.cache.epoch, j.cache.epochSeq)
 		// Waiters in this process (the publisher beside the replicator)
 		// learn of the commit now, not a NOTIFY round trip later.
 		j.wakeLocal(src.next-1, o.epoch)
@@ -304,7 +303,12 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 }
 
 // defaultOneShotBytes is the largest encoded batch sent in one round trip.
-const defaultOneShotBytes = 16 << 20
+// The encoded batch is held whole until it is sent (and its buffer kept
+// for the next append), beside the batch's transactions and the recent
+// log's copy of it; a larger batch streams in copyChunk pieces and pays
+// one more round trip, small against sending a MiB. At 16 MiB the buffer
+// of a batch of small transactions (half the queue's 16 MiB) held 10 MB.
+const defaultOneShotBytes = 1 << 20
 
 // finishSQL is the statement that completes an append after its COPY: it
 // updates the meta row, upserts the entity sequences and notifies. (It still

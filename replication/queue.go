@@ -32,13 +32,22 @@ const defaultMemoryBudget = 64 << 20
 // MemoryOverhead is the constant of the memory promise: with QueueMaxBytes
 // at its default, the resident memory of the replication pipeline —
 // decoder, queue and journal writer — stays under Config.MemoryBudget +
-// MemoryOverhead. It covers the Go runtime and binary (about 16 MiB), the
-// spill files' buffers (256 KiB to write, 256 KiB plus the largest change to
-// read), the decoder's pool of buffers (at most 8 MiB) and the journal's
-// COPY chunk. BenchmarkMemoryPipeline measured at most MemoryBudget + 4 MiB
-// (64 MiB budget: 42, 68 and 64 MiB peak for its three workloads; 256 MiB:
-// 129, 168 and 165 MiB). It does not cover other parts of the process (an
-// embedded NATS server, the publisher).
+// MemoryOverhead. It covers the Go runtime and binary, the spill files'
+// buffers (256 KiB to write, 256 KiB plus the largest change to read), the
+// decoder's pool of buffers (at most 8 MiB) and the journal's encoded batch
+// (at most 1 MiB before it streams). BenchmarkMemoryPipeline measured at
+// most MemoryBudget + 4 MiB (64 MiB budget: 42, 68 and 64 MiB peak for its
+// three workloads; 256 MiB: 129, 168 and 165 MiB).
+//
+// For the whole walcast run process — the embedded NATS server, the
+// publisher, the journal's recent log and the snapshot loop's ring of
+// recent transactions beside the pipeline — the promise holds because the
+// command also sets the Go runtime's soft memory limit to MemoryBudget:
+// the runtime's memory then stays within the budget while what is live
+// fits in it, and the binary's resident pages (about 28 MiB) fit in
+// MemoryOverhead. Without that limit GOGC's headroom over those parts took
+// the process to 100–138 MiB with the default budget
+// (TestSnapshotMemoryBounded in cmd/walcast; 89–90 MiB with it).
 const MemoryOverhead = 32 << 20
 
 // How Config.MemoryBudget is shared. The Go heap peaks at about twice the

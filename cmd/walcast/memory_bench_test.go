@@ -81,7 +81,7 @@ func BenchmarkE2EHugeTransaction(b *testing.B) {
 }
 
 // statusKiB reads a kB field (VmHWM, VmRSS) of /proc/<pid>/status.
-func statusKiB(b *testing.B, pid int, field string) int64 {
+func statusKiB(b testing.TB, pid int, field string) int64 {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		b.Fatal(err)

@@ -94,6 +94,7 @@ database at start-up, 3 when another instance holds the slot and
 				return usageErrorf("run: %v\nfix: point --spill-dir (WALCAST_SPILL_DIR) at an existing directory walcast can write, on a volume with room for --max-transaction-bytes", err)
 			}
 			rc.Logger = log
+			setGoMemoryLimit(env, rc.MemoryBudget)
 			nf.cfg.Name = "walcast run"
 			return runReplicator(cmd.Context(), log, runSetup{tracing: otlpConfigured(env), rc: rc, journalURL: journalURL, schema: schema, httpListen: httpListen,
 				retention: retention, pruneEvery: pruneEvery, preflight: !skipPreflight,
