@@ -242,8 +242,8 @@ func (s *snapshotter) worker(ctx context.Context) {
 		s.r.snapRunning.Add(1)
 		err = s.snapshot(ctx, conn, snap)
 		s.r.snapRunning.Add(-1)
-		s.release(snap.ID)
 		if ctx.Err() != nil {
+			s.release(snap.ID)
 			return
 		}
 		var ref *refusal
@@ -257,6 +257,8 @@ func (s *snapshotter) worker(ctx context.Context) {
 				reason = ref.msg
 			}
 			log.Error("snapshot failed", "id", snap.ID, "table", snap.Entity(), "reason", reason)
+			// Still claimed: no other worker takes the snapshot up while its
+			// end is journaled.
 			if ferr := s.fail(ctx, conn, snap, reason); ferr != nil {
 				log.Warn("cannot mark the snapshot failed", "id", snap.ID, "cause", ferr)
 			}
@@ -267,10 +269,13 @@ func (s *snapshotter) worker(ctx context.Context) {
 				closeSourceConn(ctx, conn)
 			}
 			conn = nil
+			s.release(snap.ID)
 			if !wait(min(time.Duration(failures)*snapshotPoll, 30*time.Second)) {
 				return
 			}
+			continue
 		}
+		s.release(snap.ID)
 	}
 }
 
@@ -586,7 +591,7 @@ func (t *snapTable) chunkSQL(first bool, where string, limit int) string {
 }
 
 // snapshot runs one snapshot from its persisted progress to its end.
-func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal.Snapshot) error {
+func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal.Snapshot) (err error) {
 	// A request's condition may come from any role that can write the
 	// snapshots table, not only from walcast snapshot start.
 	if err := journal.CheckWhere(snap.Where); err != nil {
@@ -621,6 +626,7 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 	shape := snap.Shape                                              // the shape lastKey was read in ("": not known)
 	readKey, readShape, next, base := lastKey, shape, chunks+1, true // where the next chunk starts
 	rowCap := snap.ChunkSize                                         // rows the next chunk asks for, at most
+	var queued int64                                                 // the last chunk number the loop queued for the journal
 	drain := func() error {                                          // wait for every chunk in flight (after a failure)
 		for _, c := range inflight {
 			select {
@@ -628,10 +634,30 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 				return ctx.Err()
 			case <-c.done:
 			}
+			if c.ok {
+				queued = max(queued, c.n)
+			}
 		}
 		inflight = inflight[:0]
 		return nil
 	}
+	// Whatever ends the snapshot here, chunks the loop queued reach the
+	// journal before the worker lets the snapshot go: another worker (or
+	// the next attempt) resumes from the journaled progress, and would
+	// otherwise read again, and journal twice, what is still queued.
+	defer func() {
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		if derr := drain(); derr != nil {
+			return
+		}
+		if queued > 0 {
+			if werr := s.settled(ctx, snap.ID, queued); werr != nil {
+				err = errors.Join(err, werr)
+			}
+		}
+	}()
 	for {
 		// Hand chunks to the loop until the pipeline is full or the last
 		// chunk (fewer rows than asked, or a cancel) is in it.
@@ -694,6 +720,9 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 		case <-c.done:
 		}
 		inflight = inflight[1:]
+		if c.ok {
+			queued = max(queued, c.n)
+		}
 		if !c.ok {
 			// The window was lost or the chunk may lack a change: read it
 			// again, after what the journal holds; the chunks after it are
@@ -744,6 +773,25 @@ func (s *snapshotter) journaled(ctx context.Context, id int64, entity string) er
 		if waited%3000 == 0 {
 			s.r.log.Warn("snapshot: the last chunk is queued but not journaled yet; waiting (the journal is behind the stream)",
 				"id", id, "table", entity, "waited", (time.Duration(waited) * 20 * time.Millisecond).String())
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// settled waits until the journal holds chunk n of snapshot id (which the
+// loop has queued), or the snapshot is no longer running.
+func (s *snapshotter) settled(ctx context.Context, id, n int64) error {
+	for {
+		cur, err := s.r.j.SnapshotByID(ctx, id)
+		if err != nil {
+			return err
+		}
+		if cur.Status != journal.SnapshotRunning || cur.Chunks >= n {
+			return nil
 		}
 		select {
 		case <-ctx.Done():
