@@ -194,10 +194,7 @@ func TestSnapshotReplicaIdentityIndex(t *testing.T) {
 	if s.Status != journal.SnapshotDone {
 		t.Fatalf("snapshot ended %s: %s", s.Status, s.Error)
 	}
-	es := caughtUp(t, f, "after-ri")
-	v := tableValidator{entity: "public.ri", key: []string{"u"}}
-	got, _, _ := v.rebuild(t, es)
-	v.compare(t, got, v.source(t, f.url, "ri", ""))
+	checkRebuilt(t, f, "ri", "u")
 }
 
 // TestSnapshotCollatedKey: a key column declared with a collation other
@@ -219,10 +216,7 @@ func TestSnapshotCollatedKey(t *testing.T) {
 	if s.Status != journal.SnapshotDone || s.Rows != 500 {
 		t.Fatalf("snapshot ended %s with %d rows: %s", s.Status, s.Rows, s.Error)
 	}
-	es := caughtUp(t, f, "after-coll")
-	v := tableValidator{entity: "public.coll", key: []string{"k"}}
-	got, _, _ := v.rebuild(t, es)
-	v.compare(t, got, v.source(t, f.url, "coll", ""))
+	checkRebuilt(t, f, "coll", "k")
 }
 
 // TestSnapshotTableChangedUnderIt: a snapshot cannot go on in the order it
@@ -325,10 +319,7 @@ func TestSnapshotWideRowsBoundedChunks(t *testing.T) {
 	if s.Chunks < 15 {
 		t.Fatalf("%d rows of 256 KB in %d chunks; want chunks bounded in bytes", s.Rows, s.Chunks)
 	}
-	es := caughtUp(t, f, "after-wide")
-	v := tableValidator{entity: "public.wide", key: []string{"id"}}
-	got, _, _ := v.rebuild(t, es)
-	v.compare(t, got, v.source(t, f.url, "wide", ""))
+	checkRebuilt(t, f, "wide", "id")
 }
 
 // TestSnapshotGivesWayToALock: while a customer's transaction holds the
@@ -384,8 +375,17 @@ func TestSnapshotGivesWayToALock(t *testing.T) {
 	if s.Status != journal.SnapshotDone {
 		t.Fatalf("snapshot ended %s: %s", s.Status, s.Error)
 	}
-	es := caughtUp(t, f, "after-lock")
-	v := tableValidator{entity: "public.locked", key: []string{"id"}}
+	checkRebuilt(t, f, "locked", "id")
+}
+
+// checkRebuilt waits until the journal holds every change committed so far
+// and asserts that public.<table>, rebuilt from it by key, equals the
+// table; it returns the entries.
+func checkRebuilt(t *testing.T, f *fixture, table string, key ...string) []journal.Entry {
+	t.Helper()
+	es := caughtUp(t, f, "after-"+table)
+	v := tableValidator{entity: "public." + table, key: key}
 	got, _, _ := v.rebuild(t, es)
-	v.compare(t, got, v.source(t, f.url, "locked", ""))
+	v.compare(t, got, v.source(t, f.url, table, ""))
+	return es
 }
