@@ -302,6 +302,11 @@ func (p *Publisher) recordJS(ctx context.Context, seq int64) error {
 	if p.epochKnown {
 		epoch = p.epoch
 	}
+	return p.saveJS(ctx, seq, epoch)
+}
+
+// saveJS is recordJS with the journal epoch of the entries read.
+func (p *Publisher) saveJS(ctx context.Context, seq, epoch int64) error {
 	if err := p.j.SetPublishedStream(ctx, journal.StreamPosition{Seq: seq, Epoch: epoch, Stream: p.jsPos.stream, StreamSeq: p.jsPos.last}); err != nil {
 		return err
 	}
@@ -447,8 +452,9 @@ func (p *Publisher) prepareJS(ctx context.Context, pos int64) (int64, error) {
 	p.published.Store(next)
 	// Save where the stream stands now, so that a stream emptied later
 	// counts from here (resumeEmpty), whatever was saved before: a journal
-	// of an older walcast, another stream, core NATS.
-	if err := p.recordJS(ctx, next); err != nil {
+	// of an older walcast, another stream, core NATS. The position is of
+	// the journal's epoch as the reconcile read it.
+	if err := p.saveJS(ctx, next, p.jsPos.epoch); err != nil {
 		return pos, err
 	}
 	p.jsReconcile = false
