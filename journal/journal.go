@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -369,6 +370,15 @@ COMMENT ON TABLE %[1]s.publication_tables IS 'walcast: the publication''s tables
 ALTER TABLE %[1]s.snapshots ADD COLUMN shape text NOT NULL DEFAULT '';
 COMMENT ON COLUMN %[1]s.snapshots.shape IS 'a digest of what the publication sent of a row (columns, types, row filter) when the last journaled chunk was read: a snapshot resumed under another shape starts over';
 `,
+	6: `
+ALTER TABLE %[1]s.published
+	ADD COLUMN epoch      bigint NOT NULL DEFAULT 0,
+	ADD COLUMN stream     text   NOT NULL DEFAULT '',
+	ADD COLUMN stream_seq bigint NOT NULL DEFAULT 0;
+COMMENT ON COLUMN %[1]s.published.stream IS 'JetStream mode: the stream (name@created) the published position was saved against; empty when unknown (core NATS, or saved before this column): then stream_seq and epoch mean nothing';
+COMMENT ON COLUMN %[1]s.published.stream_seq IS 'JetStream mode: the stream''s last sequence when it held every entry up to seq and none after; with no other writer the stream stores entry seq+k at stream_seq+k';
+COMMENT ON COLUMN %[1]s.published.epoch IS 'JetStream mode: the journal epoch of the entries the publisher read when it saved the position';
+`,
 }
 
 // advisoryClass is the first key of the migration advisory lock ("walc").
@@ -524,7 +534,9 @@ func (j *Journal) SetSource(ctx context.Context, gen int64, s Source) error {
 }
 
 // SetPublished records that every entry up to seq has been published. It
-// never moves the position backwards.
+// never moves the position backwards. It forgets the stream position
+// (SetPublishedStream): whatever was published with it was not counted in
+// a stream.
 //
 // Its commit does not wait for the disk (synchronous_commit off for this
 // transaction only): the position is only where a restarted publisher
@@ -535,7 +547,7 @@ func (j *Journal) SetSource(ctx context.Context, gen int64, s Source) error {
 // second under a steady load.
 func (j *Journal) SetPublished(ctx context.Context, seq int64) error {
 	sql := "BEGIN; SET LOCAL synchronous_commit = off; UPDATE " + j.sql.published + " SET seq = greatest(seq, " +
-		strconv.FormatInt(seq, 10) + "); COMMIT"
+		strconv.FormatInt(seq, 10) + "), epoch = 0, stream = '', stream_seq = 0; COMMIT"
 	if _, err := j.exec(ctx, sql, pgx.QueryExecModeSimpleProtocol); err != nil {
 		return opErr("journal.SetPublished", err, "")
 	}
@@ -549,4 +561,57 @@ func (j *Journal) Published(ctx context.Context) (int64, error) {
 		return 0, opErr("journal.Published", err, "")
 	}
 	return seq, nil
+}
+
+// StreamPosition is a published position in JetStream mode: how far the
+// journal was stored in a stream, and where in the stream. The stream
+// held every entry up to Seq, and nothing after it, when its last
+// sequence was StreamSeq; with no other writer, and entries stored in
+// seq order after their predecessors (Nats-Expected-Last-Sequence), entry
+// Seq+k is then stored at StreamSeq+k. So a stream whose messages are all
+// gone still tells, by its last sequence, how many entries after Seq it
+// stored.
+type StreamPosition struct {
+	Seq   int64 // every entry up to Seq is stored in the stream
+	Epoch int64 // the journal epoch of the entries read when it was saved
+	// Stream identifies the stream (the publisher's choice: its name and
+	// creation time); "" when no stream position is known (a journal of
+	// an older walcast, or one last saved with SetPublished).
+	Stream    string
+	StreamSeq uint64 // the stream's last sequence with Seq stored
+}
+
+// SetPublishedStream records p as the published position, with the stream
+// position it was stored at. Unlike SetPublished it may move Seq
+// backwards: the caller states what the stream holds (after a journal
+// epoch change, entries after the new epoch's first seq are published
+// again). Like SetPublished its commit does not wait for the disk: a
+// position lost with a server crash leaves the one saved before it, which
+// was true when saved, and the count from there stays exact.
+func (j *Journal) SetPublishedStream(ctx context.Context, p StreamPosition) error {
+	if p.Stream == "" || p.StreamSeq > math.MaxInt64 {
+		return opErr("journal.SetPublishedStream", fmt.Errorf("invalid stream position %+v", p), "")
+	}
+	sql := "BEGIN; SET LOCAL synchronous_commit = off; UPDATE " + j.sql.published +
+		" SET seq = $1, epoch = $2, stream = $3, stream_seq = $4; COMMIT"
+	if _, err := j.exec(ctx, sql, pgx.QueryExecModeSimpleProtocol, p.Seq, p.Epoch, p.Stream, int64(p.StreamSeq)); err != nil {
+		return opErr("journal.SetPublishedStream", err, "")
+	}
+	return nil
+}
+
+// PublishedStream returns the position last recorded, with the stream
+// position SetPublishedStream saved with it (Stream "" when none is
+// known).
+func (j *Journal) PublishedStream(ctx context.Context) (StreamPosition, error) {
+	var p StreamPosition
+	var streamSeq int64
+	if err := j.queryRow(ctx, "SELECT seq, epoch, stream, stream_seq FROM "+j.sql.published, nil,
+		&p.Seq, &p.Epoch, &p.Stream, &streamSeq); err != nil {
+		return StreamPosition{}, opErr("journal.PublishedStream", err, "")
+	}
+	if p.Stream != "" {
+		p.StreamSeq = uint64(streamSeq)
+	}
+	return p, nil
 }

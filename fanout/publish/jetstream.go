@@ -45,7 +45,15 @@ import (
 //     continues after the entry it holds (its Walcast-Seq). What the
 //     stream holds is the truth, so an entry acknowledged but not yet
 //     recorded in the journal is never stored twice, however long walcast
-//     was away.
+//     was away. Messages removed from the front of the stream (MaxAge,
+//     limits, a purge that keeps some) change nothing: the last one tells;
+//   - a stream that holds no message (purged, or every message aged out)
+//     still has its last sequence, and the journal saves, with the
+//     published position S, the stream's last sequence Q once it held
+//     every entry up to S (journal.StreamPosition). Entries are stored in
+//     order, each right after its predecessor, by walcast alone, so a
+//     stream that ends at L stored L−Q entries after S, acknowledged or
+//     not when walcast stopped: the publisher continues after S+(L−Q).
 //
 // Nats-Msg-Id deduplication still drops a retry of a message whose
 // acknowledgement was lost (nats.go retries a publish that found no
@@ -165,18 +173,12 @@ func (p *Publisher) reconcile(ctx context.Context, pos int64) (int64, error) {
 	// The stream refuses a message above its max message size; an
 	// operator may have changed it since the last check.
 	p.jsMaxMsg = max(int(info.Config.MaxMsgSize), 0)
+	p.jsPos.stream = streamIdentity(info)
 	if info.State.Msgs == 0 {
 		// No message to read (a new stream, or every message aged out or
-		// purged): the first publish expects the stream's last sequence,
-		// and the position is the journal's saved one,
-		// which in JetStream mode is saved at every acknowledged batch and
-		// at a stop (recordDue, Run).
-		if info.State.LastSeq > 0 {
-			p.log.Info("the JetStream stream holds no message to reconcile with (purged, or every message aged out); continuing after the journal's published position",
-				"stream", p.cfg.JetStream.Stream, "stream_last_sequence", info.State.LastSeq, "journal_published", pos)
-		}
+		// purged): the first publish expects the stream's last sequence.
 		p.jsLastSeq = info.State.LastSeq
-		return pos, nil
+		return p.resumeEmpty(ctx, info.State.LastSeq, pos)
 	}
 	m, err := p.stream.GetMsg(ctx, info.State.LastSeq)
 	if err != nil {
@@ -193,6 +195,7 @@ func (p *Publisher) reconcile(ctx context.Context, pos int64) (int64, error) {
 	if err != nil {
 		return pos, err
 	}
+	p.jsPos.epoch = lg.Epoch
 	switch {
 	case len(lg.Entries) > 0 && lg.Entries[0].Seq == seq && lg.Entries[0].Epoch == epoch:
 		// The stream holds the journal's history up to seq.
@@ -213,6 +216,102 @@ func (p *Publisher) reconcile(ctx context.Context, pos int64) (int64, error) {
 		// least as far as the journal's retention.
 		return max(pos, seq), nil
 	}
+}
+
+// jsPosition is where the published position stands in the stream; owned
+// by Run.
+type jsPosition struct {
+	stream string // the stream's identity (streamIdentity) as of the last reconcile
+	// last is the stream's last sequence with every entry up to the
+	// published position stored and none after: the acknowledged
+	// sequence of the last entry of the last acknowledged batch, or the
+	// stream's last sequence at the reconcile.
+	last  uint64
+	epoch int64 // the journal's epoch at the reconcile
+}
+
+// streamIdentity names the stream a stream position was counted in: its
+// name and creation time, so that a stream deleted and created again
+// under the same name is another stream, whose sequence counts nothing
+// of the old one's.
+func streamIdentity(info *jetstream.StreamInfo) string {
+	return info.Config.Name + "@" + info.Created.UTC().Format(time.RFC3339Nano)
+}
+
+// resumeEmpty is reconcile's part for a stream that holds no message and
+// ends at sequence last: it returns the position to continue from.
+//
+// The journal's saved stream position (S, Q) says the stream held every
+// entry up to S, and none after, at sequence Q; entries after S were then
+// stored at Q+1, Q+2, … (each right after its predecessor, by walcast
+// alone), so the stream stored last−Q of them, whether or not walcast
+// recorded their acknowledgements before it stopped. Without a saved
+// stream position for this stream (a new stream, a journal of an older
+// walcast, one last saved with core NATS) the position is pos, the
+// journal's published position.
+func (p *Publisher) resumeEmpty(ctx context.Context, last uint64, pos int64) (int64, error) {
+	name := p.cfg.JetStream.Stream
+	saved, err := p.j.PublishedStream(ctx)
+	if err != nil {
+		return pos, err
+	}
+	lg, err := p.j.ReadAfter(ctx, saved.Seq, 1)
+	if err != nil {
+		return pos, err
+	}
+	p.jsPos.epoch = lg.Epoch
+	if saved.Stream != p.jsPos.stream {
+		if last > 0 {
+			p.log.Info("the JetStream stream holds no message to reconcile with (purged, or every message aged out) and the journal saved no position in it; continuing after the journal's published position",
+				"stream", name, "stream_last_sequence", last, "journal_published", pos)
+		}
+		return pos, nil
+	}
+	forget := fmt.Sprintf("UPDATE %s.published SET stream = ''", p.j.Schema())
+	if last < saved.StreamSeq {
+		return pos, fmt.Errorf("%w: stream %q holds no message and ends at sequence %d, before the sequence %d at which it held the journal's entries up to seq %d: it is not the stream walcast stored them in (restored from an older backup, or reset) (fix: to publish this journal after seq %d into it, run %q on the journal database; or name a new stream with --jetstream-stream)",
+			ErrStreamMismatch, name, last, saved.StreamSeq, saved.Seq, saved.Seq, forget)
+	}
+	next := saved.Seq + int64(last-saved.StreamSeq)
+	if saved.Epoch != lg.Epoch && next >= lg.EpochSeq {
+		// The stream went on with entries of the history the journal had
+		// then, and the journal's current epoch starts among them (a
+		// restore, a reset): publish the epoch from its first entry.
+		p.log.Warn("the JetStream stream holds no message and stored entries of another journal epoch; publishing the current epoch from its first entry",
+			"stream", name, "stream_last_sequence", last, "epoch_first_seq", lg.EpochSeq)
+		return lg.EpochSeq - 1, nil
+	}
+	if next > lg.Horizon {
+		return pos, fmt.Errorf("%w: stream %q ends at sequence %d, %d messages after the sequence %d at which it held the journal's entries up to seq %d, but the journal ends at seq %d: something besides walcast moved its sequence on (another writer, or a purge to a sequence) (fix: make walcast the stream's only writer; to publish this journal after seq %d into it, run %q on the journal database; or name a new stream with --jetstream-stream)",
+			ErrStreamMismatch, name, last, last-saved.StreamSeq, saved.StreamSeq, saved.Seq, lg.Horizon, saved.Seq, forget)
+	}
+	if last > 0 {
+		p.log.Info("the JetStream stream holds no message to reconcile with (purged, or every message aged out); continuing after the entries it stored since the journal's saved stream position",
+			"stream", name, "stream_last_sequence", last, "saved_seq", saved.Seq, "saved_stream_sequence", saved.StreamSeq, "seq", next)
+	}
+	return next, nil
+}
+
+// recordJS saves seq as the published position with the stream position
+// it stands at (p.jsPos): the stream held every entry up to seq, and none
+// after, at sequence p.jsPos.last. Every caller has that true: the stream
+// acknowledged up to seq, and anything it stored after is in flight, of
+// entries after seq.
+func (p *Publisher) recordJS(ctx context.Context, seq int64) error {
+	epoch := p.jsPos.epoch
+	if p.epochKnown {
+		epoch = p.epoch
+	}
+	return p.saveJS(ctx, seq, epoch)
+}
+
+// saveJS is recordJS with the journal epoch of the entries read.
+func (p *Publisher) saveJS(ctx context.Context, seq, epoch int64) error {
+	if err := p.j.SetPublishedStream(ctx, journal.StreamPosition{Seq: seq, Epoch: epoch, Stream: p.jsPos.stream, StreamSeq: p.jsPos.last}); err != nil {
+		return err
+	}
+	p.recorded, p.savedPos = time.Now(), seq
+	return nil
 }
 
 // parseMsgID splits <journal id hex>:<epoch hex>:<seq>.
@@ -297,9 +396,11 @@ func (p *Publisher) settle(ctx context.Context) error {
 func (p *Publisher) awaitJS(ctx context.Context, b *jsBatch) error {
 	timer := time.NewTimer(p.cfg.JetStream.AckTimeout)
 	defer timer.Stop()
+	var last uint64 // the stream sequence of the last message acknowledged
 	for i, f := range b.futures {
 		select {
-		case <-f.Ok():
+		case ack := <-f.Ok():
+			last = ack.Sequence
 			// Acknowledgements come in order: each one covers its
 			// predecessors (they are chained), so the stream holds every
 			// entry up to this one.
@@ -319,6 +420,7 @@ func (p *Publisher) awaitJS(ctx context.Context, b *jsBatch) error {
 		h.Record(ctx, took.Seconds())
 	}
 	p.published.Store(b.entries[len(b.entries)-1].Seq)
+	p.jsPos.last = last
 	return nil
 }
 
@@ -345,9 +447,17 @@ func (p *Publisher) prepareJS(ctx context.Context, pos int64) (int64, error) {
 		}
 		return pos, err
 	}
-	p.jsReconcile = false
+	p.jsPos.last = p.jsLastSeq
 	p.jsm.acked.Store(next)
 	p.published.Store(next)
+	// Save where the stream stands now, so that a stream emptied later
+	// counts from here (resumeEmpty), whatever was saved before: a journal
+	// of an older walcast, another stream, core NATS. The position is of
+	// the journal's epoch as the reconcile read it.
+	if err := p.saveJS(ctx, next, p.jsPos.epoch); err != nil {
+		return pos, err
+	}
+	p.jsReconcile = false
 	return next, nil
 }
 

@@ -102,6 +102,7 @@ type Publisher struct {
 	jsReconcile bool         // reconcile with the stream before publishing
 	jsLastSeq   uint64       // the stream sequence the next publish expects the stream to end at
 	jsMaxMsg    int          // the stream's max message size in bytes (0: none), as of the last check or reconcile
+	jsPos       jsPosition   // where the published position stands in the stream
 	ackLatency  atomic.Int64 // ns to store the last batch (metrics)
 	jsm         jsMetrics    // JetStream measurements (jetstream.go)
 	posAt       time.Time    // when; owned by Run
@@ -388,6 +389,11 @@ func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
 		p.savedPos = min(p.savedPos, lg.EpochSeq-1)
 		p.posSent = 0
 		p.published.Store(lg.EpochSeq - 1)
+		if p.js != nil {
+			// The stream position saved counts entries of the old epoch
+			// after it; count from here.
+			return lg.EpochSeq - 1, p.recordJS(ctx, lg.EpochSeq-1)
+		}
 		return lg.EpochSeq - 1, nil
 	}
 	p.epoch, p.epochKnown = lg.Epoch, true
@@ -399,6 +405,10 @@ func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
 		if lg.Horizon > pos && pos < lg.Floor-1 {
 			if err := p.settle(ctx); err != nil {
 				return pos, err
+			}
+			if p.js != nil {
+				// Nothing was stored for the pruned entries.
+				return lg.Floor - 1, p.recordJS(ctx, lg.Floor-1)
 			}
 			return lg.Floor - 1, p.j.SetPublished(ctx, lg.Floor-1)
 		}
@@ -575,11 +585,7 @@ var errReconnected = errors.New("the NATS connection was re-established; message
 func (p *Publisher) record(ctx context.Context, seq int64) error {
 	if p.js != nil {
 		// Every entry up to seq was acknowledged by the stream.
-		if err := p.j.SetPublished(ctx, seq); err != nil {
-			return err
-		}
-		p.recorded, p.savedPos = time.Now(), seq
-		return nil
+		return p.recordJS(ctx, seq)
 	}
 	fctx, cancel := context.WithTimeout(ctx, p.cfg.FlushTimeout)
 	defer cancel()
