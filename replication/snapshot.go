@@ -96,9 +96,10 @@ type chunk struct {
 	bytes    int // bytes of values read
 	nrows    int // rows read (rows is dropped by the loop once handled)
 
-	done chan struct{} // closed by the loop once it handled the high watermark
-	ok   bool          // set before done: the chunk was journaled (queued)
-	kept int           // set before done: rows journaled
+	done  chan struct{} // closed by the loop once it handled the high watermark
+	ok    bool          // set before done: the chunk was journaled (queued)
+	empty bool          // set before done: it had nothing to journal, so its progress is not recorded either
+	kept  int           // set before done: rows journaled
 }
 
 // snapshotter runs snapshot requests for one session: the worker goroutine
@@ -626,7 +627,7 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 	shape := snap.Shape                                              // the shape lastKey was read in ("": not known)
 	readKey, readShape, next, base := lastKey, shape, chunks+1, true // where the next chunk starts
 	rowCap := snap.ChunkSize                                         // rows the next chunk asks for, at most
-	var queued int64                                                 // the last chunk number the loop queued for the journal
+	var queued int64                                                 // the last chunk number the loop queued for the journal (one with entries)
 	drain := func() error {                                          // wait for every chunk in flight (after a failure)
 		for _, c := range inflight {
 			select {
@@ -634,7 +635,7 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 				return ctx.Err()
 			case <-c.done:
 			}
-			if c.ok {
+			if c.ok && !c.empty {
 				queued = max(queued, c.n)
 			}
 		}
@@ -720,7 +721,7 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 		case <-c.done:
 		}
 		inflight = inflight[1:]
-		if c.ok {
+		if c.ok && !c.empty {
 			queued = max(queued, c.n)
 		}
 		if !c.ok {
@@ -785,13 +786,17 @@ func (s *snapshotter) journaled(ctx context.Context, id int64, entity string) er
 // settled waits until the journal holds chunk n of snapshot id (which the
 // loop has queued), or the snapshot is no longer running.
 func (s *snapshotter) settled(ctx context.Context, id, n int64) error {
-	for {
+	for waited := 1; ; waited++ {
 		cur, err := s.r.j.SnapshotByID(ctx, id)
 		if err != nil {
 			return err
 		}
 		if cur.Status != journal.SnapshotRunning || cur.Chunks >= n {
 			return nil
+		}
+		if waited%3000 == 0 {
+			s.r.log.Warn("snapshot: waiting for its queued chunks to be journaled before it is taken up again (the journal is behind the stream)",
+				"id", id, "chunk", n, "journaled", cur.Chunks, "waited", (time.Duration(waited) * 20 * time.Millisecond).String())
 		}
 		select {
 		case <-ctx.Done():
@@ -1409,7 +1414,10 @@ func (w *snapWindows) high(tx *decoder.Transaction, token string) *decoder.Trans
 	}
 	w.progress[out] = &journal.SnapshotProgress{ID: c.id, EndLSN: out.EndLSN, LastKey: c.lastKey, Rows: total, Chunks: c.n, Status: status, Error: c.failed,
 		Shape: c.shape}
-	c.ok, c.kept = true, kept
+	// A chunk that journals nothing (every row changed in its window, and
+	// no marker) is an empty transaction the loop leaves out, progress and
+	// all: the next chunk's progress supersedes it.
+	c.ok, c.kept, c.empty = true, kept, out.Len() == 0
 	w.rows[c.id], w.expect[c.id] = total, c.n+1
 	c.rows, c.keys = nil, nil
 	_ = tx.Close()

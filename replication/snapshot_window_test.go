@@ -153,3 +153,31 @@ func TestSnapshotPipelineRejectsAfterAFailedChunk(t *testing.T) {
 		t.Fatalf("chunk 3 after the retry: ok %v, rows %d, expect %d", c.ok, w.rows[1], w.expect[1])
 	}
 }
+
+// TestSnapshotChunkEveryRowChanged: a chunk whose every row changed in its
+// window journals nothing — an empty transaction the loop leaves out, with
+// its progress — and says so, so the worker never waits for the journal to
+// record that progress.
+func TestSnapshotChunkEveryRowChanged(t *testing.T) {
+	enc := decoder.NewRowEncoder("public", "t", []decoder.ColumnInfo{{Name: "id", TypeOID: 23, Key: true}}, "")
+	r := &Replicator{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	s := newSnapshotter(r, 1)
+	w := &snapWindows{s: s}
+	for n, changed := range []bool{false, true} {
+		tok := "tok" + strconv.Itoa(n)
+		win := &window{token: tok, entity: "public.t", key: []string{"id"}, changed: map[string]struct{}{}, since: w.seq}
+		w.open = []*window{win}
+		c := &chunk{token: tok, id: 1, entity: "public.t", enc: enc, first: n == 0, base: n == 0, n: int64(n + 1), done: make(chan struct{}),
+			rows: [][][]byte{{[]byte("5")}}}
+		c.keys = [][]byte{enc.Values(nil, c.rows[0], []int{0})}
+		if changed {
+			win.changed[string(c.keys[0])] = struct{}{}
+		}
+		s.register(c)
+		out := w.high(decoder.NewTransaction(uint32(30+n), 0x100, 0x101, time.Now(), nil), tok)
+		<-c.done
+		if !c.ok || c.empty != changed || (out.Len() == 0) != changed {
+			t.Fatalf("chunk %d (row changed in the window: %v): ok %v, empty %v, %d entries", n+1, changed, c.ok, c.empty, out.Len())
+		}
+	}
+}
