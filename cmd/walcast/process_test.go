@@ -60,8 +60,15 @@ func (p *proc) log() string {
 // startWalcast runs the test binary as `walcast args...`.
 func startWalcast(t testing.TB, args ...string) *proc {
 	t.Helper()
+	return startProcess(t, os.Args[0], args...)
+}
+
+// startProcess starts the walcast executable exe (this test binary, or
+// shippedWalcast's build) with args, as startWalcast does.
+func startProcess(t testing.TB, exe string, args ...string) *proc {
+	t.Helper()
 	p := &proc{done: make(chan struct{})}
-	p.cmd = exec.Command(os.Args[0], args...)
+	p.cmd = exec.Command(exe, args...)
 	p.cmd.Env = append(os.Environ(), "WALCAST_TEST_EXEC=1")
 	pr, pw := io.Pipe()
 	p.cmd.Stderr = pw

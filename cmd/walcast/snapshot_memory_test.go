@@ -4,10 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
-	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,43 +20,26 @@ import (
 	"github.com/walcast/walcast/replication"
 )
 
-// In a child started by startWalcast with WALCAST_TEST_HEAP_PROFILE set to
-// a directory, the process writes heap.prof there each time its heap in use
-// reaches a new high (checked every 20 ms; the profile is of what was live
-// at the collection before), and its runtime statistics then to peak.txt:
-// where the peak's memory is. For example:
-//
-//	WALCAST_TEST_HEAP_PROFILE=/tmp/p go test ./cmd/walcast -run TestSnapshotMemoryBounded
-//	go tool pprof -top /tmp/p/heap.prof
-func init() {
-	dir := os.Getenv("WALCAST_TEST_HEAP_PROFILE")
-	if os.Getenv("WALCAST_TEST_EXEC") != "1" || dir == "" {
-		return
+// shippedWalcast builds cmd/walcast as `make build` does — in particular
+// without the race detector, whose shadow memory `go test -race` would add
+// to what a memory test measures — into a directory of t's, and returns
+// its path.
+func shippedWalcast(t *testing.T) string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
 	}
-	runtime.MemProfileRate = 64 << 10
-	go func() {
-		var peak uint64
-		var ms runtime.MemStats
-		for range time.Tick(20 * time.Millisecond) {
-			runtime.ReadMemStats(&ms)
-			if ms.HeapInuse <= peak+(1<<20) {
-				continue
-			}
-			peak = ms.HeapInuse
-			f, err := os.Create(filepath.Join(dir, "heap.prof.tmp"))
-			if err != nil {
-				return
-			}
-			_ = pprof.Lookup("heap").WriteTo(f, 0)
-			f.Close()
-			_ = os.Rename(filepath.Join(dir, "heap.prof.tmp"), filepath.Join(dir, "heap.prof"))
-			_ = os.WriteFile(filepath.Join(dir, "peak.txt"), []byte(fmt.Sprintf("HeapInuse %d HeapAlloc %d NextGC %d HeapSys %d HeapReleased %d Sys %d StackInuse %d MSpanSys %d GCSys %d OtherSys %d NumGC %d\n",
-				ms.HeapInuse, ms.HeapAlloc, ms.NextGC, ms.HeapSys, ms.HeapReleased, ms.Sys, ms.StackInuse, ms.MSpanSys, ms.GCSys, ms.OtherSys, ms.NumGC)), 0o644)
-		}
-	}()
+	bin := filepath.Join(t.TempDir(), "walcast")
+	cmd := exec.Command(goTool, "build", "-trimpath", "-o", bin, "github.com/walcast/walcast/cmd/walcast")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build walcast to measure it: %v\n%s", err, out)
+	}
+	return bin
 }
 
-// TestSnapshotMemoryBounded runs the real `walcast run` with the default
+// TestSnapshotMemoryBounded runs the real `walcast run`, built as shipped,
+// with the default
 // --memory-budget while it snapshots three tables of 30,000 rows (two of
 // rows of about 200 bytes, one of about 2 KB) in chunks of 100 rows, and
 // four writers insert, update and delete rows of the same tables: its peak
@@ -79,7 +61,7 @@ func TestSnapshotMemoryBounded(t *testing.T) {
 		fmt.Sprintf(`INSERT INTO wide SELECT g, repeat(md5(g::text), 64) FROM generate_series(1, %d) g`, rows),
 		`CREATE PUBLICATION pub FOR TABLE narrow_a, narrow_b, wide`,
 	)
-	p := startWalcast(t, runArgs(url, "--skip-preflight", "--log-level", "info")...)
+	p := startProcess(t, shippedWalcast(t), runArgs(url, "--skip-preflight", "--log-level", "info")...)
 	waitUntil(t, "walcast active", 60*time.Second, func() bool {
 		if p.exited() {
 			t.Fatalf("walcast exited:\n%s", p.log())
