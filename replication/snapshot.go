@@ -838,7 +838,7 @@ func (s *snapshotter) chunkMaxBytes() int {
 }
 
 // chunkLimit is the row limit of the next chunk of snap: its chunk size,
-// unless a SELECT of this session ran out of time and shrank it.
+// unless one of its SELECTs ran out of time and shrank it (chunkFailed).
 func (s *snapshotter) chunkLimit(snap journal.Snapshot) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()

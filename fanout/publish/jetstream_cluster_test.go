@@ -27,18 +27,7 @@ import (
 // journal entry exactly once, in seq order.
 func TestJetStreamClusterR3Faults(t *testing.T) {
 	f := newPubFixture(t)
-	nodes := natstest.StartCluster(t, 3)
-	urls := make([]string, len(nodes))
-	for i, n := range nodes {
-		urls[i] = n.URL()
-	}
-	nc, err := bus.ConnectNATS(bus.NATSConfig{URL: strings.Join(urls, ","), Name: "publisher"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	log := slog.New(slog.NewTextHandler(logWriter{t}, nil))
-	p := New(Config{JetStream: &JetStreamConfig{Stream: "WALCAST", Replicas: 3}, BatchSize: 100, Logger: log}, f.j, nc)
+	nodes, urls, nc, p := r3Publisher(t, f)
 	metrics, err := telemetry.NewMetrics()
 	if err != nil {
 		t.Fatal(err)
@@ -169,4 +158,22 @@ type logWriter struct{ t *testing.T }
 func (w logWriter) Write(b []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(b), "\n"))
 	return len(b), nil
+}
+
+// r3Publisher starts a three-node cluster and a publisher, connected to
+// every node (urls), of f's journal to an R3 stream on it.
+func r3Publisher(t *testing.T, f *pubFixture) ([]*natstest.Server, []string, *nats.Conn, *Publisher) {
+	t.Helper()
+	nodes := natstest.StartCluster(t, 3)
+	urls := make([]string, len(nodes))
+	for i, n := range nodes {
+		urls[i] = n.URL()
+	}
+	nc, err := bus.ConnectNATS(bus.NATSConfig{URL: strings.Join(urls, ","), Name: "publisher"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	log := slog.New(slog.NewTextHandler(logWriter{t}, nil))
+	return nodes, urls, nc, New(Config{JetStream: &JetStreamConfig{Stream: "WALCAST", Replicas: 3}, BatchSize: 100, Logger: log}, f.j, nc)
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
-	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/walcast/walcast/decoder"
-	"github.com/walcast/walcast/fanout/bus"
 	"github.com/walcast/walcast/internal/natstest"
 )
 
@@ -79,18 +77,7 @@ func waitReplicas(t *testing.T, nodes []*natstest.Server, n int) {
 // while the other two kept the stream writable.
 func TestJetStreamClusterReplicaCatchesUpFromSnapshot(t *testing.T) {
 	f := newPubFixture(t)
-	nodes := natstest.StartCluster(t, 3)
-	urls := make([]string, len(nodes))
-	for i, n := range nodes {
-		urls[i] = n.URL()
-	}
-	nc, err := bus.ConnectNATS(bus.NATSConfig{URL: strings.Join(urls, ","), Name: "publisher"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	log := slog.New(slog.NewTextHandler(logWriter{t}, nil))
-	p := New(Config{JetStream: &JetStreamConfig{Stream: "WALCAST", Replicas: 3}, BatchSize: 100, Logger: log}, f.j, nc)
+	nodes, urls, nc, p := r3Publisher(t, f)
 	stop := runFor(t, p)
 	t.Cleanup(stop)
 
