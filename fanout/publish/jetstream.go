@@ -59,6 +59,13 @@ import (
 // acknowledgement was lost (nats.go retries a publish that found no
 // responders), which happens within seconds: the window need only cover
 // that (MinDuplicateWindow).
+//
+// It also acknowledges, as a duplicate, an entry the stream stored before
+// and no longer holds while its id is still in the window: after an
+// emptied stream with no saved stream position for it is continued from
+// the journal's published position. The stream stores nothing for it;
+// the publisher counts it as published without moving the expected
+// sequence, and probes the entries after it (awaitJS).
 
 // JetStreamConfig configures JetStream mode.
 type JetStreamConfig struct {
@@ -174,6 +181,7 @@ func (p *Publisher) reconcile(ctx context.Context, pos int64) (int64, error) {
 	// operator may have changed it since the last check.
 	p.jsMaxMsg = max(int(info.Config.MaxMsgSize), 0)
 	p.jsPos.stream = streamIdentity(info)
+	p.jsProbe = false
 	if info.State.Msgs == 0 {
 		// No message to read (a new stream, or every message aged out or
 		// purged): the first publish expects the stream's last sequence.
@@ -264,6 +272,9 @@ func (p *Publisher) resumeEmpty(ctx context.Context, last uint64, pos int64) (in
 		if last > 0 {
 			p.log.Info("the JetStream stream holds no message to reconcile with (purged, or every message aged out) and the journal saved no position in it; continuing after the journal's published position",
 				"stream", name, "stream_last_sequence", last, "journal_published", pos)
+			// The stream may have stored entries after pos, and still
+			// have their ids in its duplicate window.
+			p.jsProbe = true
 		}
 		return pos, nil
 	}
@@ -334,7 +345,14 @@ type jsBatch struct {
 	futures []jetstream.PubAckFuture // futures[i] is entries[i]'s
 	entries []journal.Entry
 	start   time.Time // the batch's first publish
+	probe   bool      // every message expects the same sequence (Publisher.jsProbe)
 }
+
+// errResume: the stream counted a prefix of what was in flight and
+// refused the rest (awaitJS); the published position is at the end of
+// the prefix, and the next publish expects the sequence the stream ends
+// at. Run continues from there, without a reconcile.
+var errResume = errors.New("JetStream: continue after the entries the stream counted")
 
 // publishJS hands entries' messages (msgs[i] is entries[i]'s) to the
 // stream, chained, then waits for every acknowledgement of the batch handed
@@ -344,14 +362,26 @@ type jsBatch struct {
 // the async pending bound (initJetStream), so a publish never stalls in
 // nats.go.
 //
-// The published position advances only over a batch whose every message
-// was acknowledged. On any failure it returns an error; the caller drops
-// what is in flight (abandon) and reconciles with the stream before
-// publishing again. The chain keeps that exact: a message of the later
-// batch can be stored only right after its predecessor, and one the
-// stream already holds is a duplicate of its Nats-Msg-Id.
+// The published position advances only over acknowledged messages. On
+// any failure it returns an error; the caller drops what is in flight
+// (abandon) and reconciles with the stream before publishing again. The
+// chain keeps that exact: a message of the later batch can be stored only
+// right after its predecessor, and one the stream already holds is a
+// duplicate of its Nats-Msg-Id.
+//
+// In probe mode (Publisher.jsProbe) every message of the batch expects
+// the stream's last sequence, and the batch is awaited before it returns:
+// the stream acknowledges the duplicates it leads with, stores the first
+// entry it has not seen, and refuses the rest (awaitJS).
 func (p *Publisher) publishJS(ctx context.Context, msgs []*nats.Msg, entries []journal.Entry) error {
-	b := &jsBatch{futures: make([]jetstream.PubAckFuture, len(msgs)), entries: entries, start: time.Now()}
+	if p.jsProbe {
+		// Nothing is in flight in probe mode (awaitJS); should a batch be,
+		// its outcome sets the expectation.
+		if err := p.settle(ctx); err != nil {
+			return err
+		}
+	}
+	b := &jsBatch{futures: make([]jetstream.PubAckFuture, len(msgs)), entries: entries, start: time.Now(), probe: p.jsProbe}
 	for i, m := range msgs {
 		// The expectation is set as a header here rather than with a
 		// publish option, which would cost an option closure and a
@@ -362,10 +392,15 @@ func (p *Publisher) publishJS(ctx context.Context, msgs []*nats.Msg, entries []j
 			return fmt.Errorf("publish seq %d to JetStream: %w", entries[i].Seq, err)
 		}
 		b.futures[i] = f
-		p.jsLastSeq++ // where this message is stored once it is
+		if !b.probe {
+			p.jsLastSeq++ // where this message is stored once it is
+		}
 	}
 	prev := p.inflight
 	p.inflight = b
+	if b.probe {
+		return p.settle(ctx)
+	}
 	if prev != nil {
 		return p.awaitJS(ctx, prev)
 	}
@@ -391,21 +426,29 @@ func (p *Publisher) settle(ctx context.Context) error {
 	return p.awaitJS(ctx, b)
 }
 
-// awaitJS waits for every acknowledgement of b, in order, and then moves
+// awaitJS waits for the acknowledgements of b, in order, and then moves
 // the published position to its last seq.
+//
+// An acknowledgement flagged Duplicate at a sequence at or before the one
+// the stream ended at (p.jsPos.last, moved on by each acknowledgement) is
+// of an entry the stream stored before and no longer holds (purged, or
+// aged out) while its id is still in the duplicate window: it counts as
+// published, as the stream saw it, but the stream did not move. Every
+// message sent after it expected the stream to have moved, so the stream
+// refuses them (it stores a message only at its expectation): awaitJS
+// records the position up to the duplicate at the sequence the stream
+// ends at, waits for the refusals of the rest, and returns errResume; the
+// next entries are probed (Publisher.jsProbe), as they are likely
+// duplicates too. A probe batch (b.probe) ends the same way after the
+// first entry the stream stores, and leaves probe mode.
 func (p *Publisher) awaitJS(ctx context.Context, b *jsBatch) error {
 	timer := time.NewTimer(p.cfg.JetStream.AckTimeout)
 	defer timer.Stop()
-	var last uint64 // the stream sequence of the last message acknowledged
+	last := p.jsPos.last // the stream sequence the stream ends at with every message acknowledged so far
 	for i, f := range b.futures {
+		var ack *jetstream.PubAck
 		select {
-		case ack := <-f.Ok():
-			last = ack.Sequence
-			// Acknowledgements come in order: each one covers its
-			// predecessors (they are chained), so the stream holds every
-			// entry up to this one.
-			p.jsm.acked.Store(b.entries[i].Seq)
-			p.jsm.acknowledged(ctx, b.entries[i].CommitTime)
+		case ack = <-f.Ok():
 		case err := <-f.Err():
 			return fmt.Errorf("JetStream did not store seq %d: %w", b.entries[i].Seq, err)
 		case <-timer.C:
@@ -413,14 +456,86 @@ func (p *Publisher) awaitJS(ctx context.Context, b *jsBatch) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+		// Acknowledgements come in order: each one covers its
+		// predecessors (they are chained), so the stream holds, or held,
+		// every entry up to this one.
+		seen := ack.Duplicate && ack.Sequence <= last
+		if !seen {
+			last = ack.Sequence
+		}
+		p.jsm.acked.Store(b.entries[i].Seq)
+		p.jsm.acknowledged(ctx, b.entries[i].CommitTime)
+		if seen == b.probe {
+			continue
+		}
+		// The chain after this entry expected another sequence.
+		p.finishJS(ctx, b, i, last)
+		p.jsLastSeq, p.jsProbe = last, !b.probe
+		if p.jsProbe {
+			p.log.Info("the JetStream stream had stored an entry it no longer holds (purged, or aged out) and still has its id in its duplicate window; counting it as published, and probing the next entries for more",
+				"stream", p.cfg.JetStream.Stream, "seq", b.entries[i].Seq, "stream_last_sequence", last)
+		}
+		var rest []jetstream.PubAckFuture
+		var seqs []int64
+		for j := i + 1; j < len(b.futures); j++ {
+			rest, seqs = append(rest, b.futures[j]), append(seqs, b.entries[j].Seq)
+		}
+		if n := p.inflight; n != nil && n != b {
+			for j, f := range n.futures {
+				rest, seqs = append(rest, f), append(seqs, n.entries[j].Seq)
+			}
+		}
+		p.inflight = nil
+		if len(rest) == 0 {
+			return nil
+		}
+		if err := p.recordJS(ctx, b.entries[i].Seq); err != nil {
+			return err
+		}
+		if err := p.drainJS(ctx, timer, rest, seqs, last); err != nil {
+			return err
+		}
+		return errResume
 	}
+	p.finishJS(ctx, b, len(b.futures)-1, last)
+	return nil
+}
+
+// finishJS moves the published position to b's entry i, acknowledged
+// with the stream ending at sequence last.
+func (p *Publisher) finishJS(ctx context.Context, b *jsBatch, i int, last uint64) {
 	took := time.Since(b.start)
 	p.ackLatency.Store(int64(took))
 	if h := p.jsm.ackLatency; h != nil {
 		h.Record(ctx, took.Seconds())
 	}
-	p.published.Store(b.entries[len(b.entries)-1].Seq)
+	p.published.Store(b.entries[i].Seq)
 	p.jsPos.last = last
+}
+
+// drainJS waits for the outcome of futures (of the entries seqs), sent
+// expecting the stream to end past last, where it ends: each must be
+// refused, or be a duplicate of a message stored before. Anything else
+// (one stored, or no answer) is an error, after which the caller
+// reconciles.
+func (p *Publisher) drainJS(ctx context.Context, timer *time.Timer, futures []jetstream.PubAckFuture, seqs []int64, last uint64) error {
+	for i, f := range futures {
+		select {
+		case ack := <-f.Ok():
+			if !ack.Duplicate || ack.Sequence > last {
+				return fmt.Errorf("JetStream stored seq %d at sequence %d, after its predecessor was not stored at %d", seqs[i], ack.Sequence, last)
+			}
+		case err := <-f.Err():
+			var apiErr *jetstream.APIError
+			if !errors.As(err, &apiErr) || (apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence && apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+				return fmt.Errorf("JetStream did not store seq %d: %w", seqs[i], err)
+			}
+		case <-timer.C:
+			return fmt.Errorf("JetStream answered none of seq %d and later within %s", seqs[i], p.cfg.JetStream.AckTimeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	return nil
 }
 

@@ -101,6 +101,7 @@ type Publisher struct {
 	stream      jetstream.Stream
 	jsReconcile bool         // reconcile with the stream before publishing
 	jsLastSeq   uint64       // the stream sequence the next publish expects the stream to end at
+	jsProbe     bool         // probe the next batch (publishJS): the stream may have their ids in its duplicate window, not the messages
 	jsMaxMsg    int          // the stream's max message size in bytes (0: none), as of the last check or reconcile
 	jsPos       jsPosition   // where the published position stands in the stream
 	ackLatency  atomic.Int64 // ns to store the last batch (metrics)
@@ -240,6 +241,12 @@ func (p *Publisher) Run(ctx context.Context) error {
 		}
 		if err == nil {
 			pos, err = p.step(ctx, pos)
+		}
+		if errors.Is(err, errResume) {
+			// The stream counted fewer of the batches in flight than were
+			// sent, and refused the rest (awaitJS): continue after what it
+			// counted, from the stream sequence it ends at.
+			pos, err = p.published.Load(), nil
 		}
 		if err == nil {
 			if failing {
@@ -428,7 +435,7 @@ func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
 		attribute.Int64("walcast.seq.first", lg.Entries[0].Seq),
 		attribute.Int64("walcast.seq.last", last)))
 	next, err := p.publish(sctx, pos, lg.Entries)
-	if err != nil {
+	if err != nil && !errors.Is(err, errResume) {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "publish failed")
 	}
