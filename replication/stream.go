@@ -537,19 +537,31 @@ func (c *catalogLookup) close() {
 	}
 }
 
+// arrayElement describes the element of array type oid. A catalog that
+// cannot be read (a source that takes only replication connections, say)
+// is no reason to stop the stream: the elements are then carried as
+// strings of their text, as without the lookup, and the log says why.
 func (c *catalogLookup) arrayElement(oid uint32) (decoder.ArrayElement, bool, error) {
 	ctx, cancel := context.WithTimeout(c.ctx, catalogLookupTimeout)
 	defer cancel()
 	conn, err := c.open(ctx)
-	if err != nil {
-		return decoder.ArrayElement{}, false, err
+	var e decoder.ArrayElement
+	ok := false
+	if err == nil {
+		if e, ok, err = lookupArrayElement(ctx, conn, oid); err != nil {
+			closeSourceConn(c.ctx, conn)
+			c.conn = nil
+		}
 	}
-	e, ok, err := lookupArrayElement(ctx, conn, oid)
 	if err != nil {
-		closeSourceConn(c.ctx, conn)
-		c.conn = nil
+		if c.ctx.Err() != nil {
+			return e, false, c.ctx.Err()
+		}
+		c.r.log.Warn("cannot read the element type of an array type from the source's catalog; its elements are carried as strings",
+			"type_oid", oid, "cause", err, "fix", "let walcast's role open ordinary connections to the source database (pg_hba.conf), then restart walcast")
+		return decoder.ArrayElement{}, false, nil
 	}
-	return e, ok, err
+	return e, ok, nil
 }
 
 // keyColumns names relID's primary-key columns, nil when it has none or
