@@ -180,6 +180,19 @@ func newWorkload(t *testing.T, url string) *workload {
 
 func (w *workload) exec(t *testing.T, ids []string, sqls ...string) {
 	t.Helper()
+	w.tx(t, true, sqls...)
+	w.ids = append(w.ids, ids...)
+}
+
+// rollback runs sqls in a transaction and rolls it back.
+func (w *workload) rollback(t *testing.T, sqls ...string) {
+	t.Helper()
+	w.tx(t, false, sqls...)
+}
+
+// tx runs sqls in one transaction, then commits or rolls it back.
+func (w *workload) tx(t *testing.T, commit bool, sqls ...string) {
+	t.Helper()
 	ctx := context.Background()
 	tx, err := w.conn.Begin(ctx)
 	if err != nil {
@@ -190,10 +203,13 @@ func (w *workload) exec(t *testing.T, ids []string, sqls ...string) {
 			t.Fatalf("%s: %v", s, err)
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
+	end := tx.Rollback
+	if commit {
+		end = tx.Commit
+	}
+	if err := end(ctx); err != nil {
 		t.Fatal(err)
 	}
-	w.ids = append(w.ids, ids...)
 }
 
 // mixed commits inserts, an update, a delete and a rolled-back transaction.

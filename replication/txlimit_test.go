@@ -171,21 +171,3 @@ func TestTransactionBoundQuarantines(t *testing.T) {
 		})
 	}
 }
-
-// rollback runs sqls in a transaction and rolls it back.
-func (w *workload) rollback(t *testing.T, sqls ...string) {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := w.conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range sqls {
-		if _, err := tx.Exec(ctx, s); err != nil {
-			t.Fatalf("%s: %v", s, err)
-		}
-	}
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-}
