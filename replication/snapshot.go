@@ -86,7 +86,6 @@ type chunk struct {
 	base       bool       // the first chunk of a run of the pipeline: the loop starts counting here
 	cancelled  bool       // final because the snapshot was cancelled
 	failed     string     // final because the snapshot failed: the reason (no rows)
-	restarted  bool       // read from the first key again: the table's shape changed (read)
 	shape      string     // the table's shape (snapTable.shape) when the chunk was read
 	rowsBefore int64      // read entries journaled before this chunk (meaningful when base)
 	n          int64      // this chunk's number, from 1
@@ -313,7 +312,7 @@ func (s *snapshotter) fail(ctx context.Context, conn *pgx.Conn, snap journal.Sna
 	if !c.ok {
 		return s.r.j.FailSnapshot(ctx, s.gen, snap.ID, reason)
 	}
-	return s.journaled(ctx, snap.ID, c.entity)
+	return s.journaled(ctx, snap.ID, 0)
 }
 
 func (s *snapshotter) connect(ctx context.Context) (*pgx.Conn, error) {
@@ -348,7 +347,6 @@ func (s *snapshotter) connect(ctx context.Context) (*pgx.Conn, error) {
 type snapTable struct {
 	entity  string
 	relid   uint32   // the relation's oid: a table dropped and created again is another table
-	ident   string   // relreplident
 	lock    string   // the LOCK TABLE target: the relation, quoted (a partitioned table locks its partitions too)
 	parts   []uint32 // a partitioned table's leaf partitions, by oid
 	shape   string   // what the publication sends of a row: the published columns, their types, the row filter
@@ -516,7 +514,7 @@ func (s *snapshotter) loadTable(ctx context.Context, conn *pgx.Conn, snap journa
 			identity[a.num] = true
 		}
 	}
-	t := &snapTable{entity: ent, relid: relid, ident: ident, lock: qname, from: qname}
+	t := &snapTable{entity: ent, relid: relid, lock: qname, from: qname}
 	if kind != "p" {
 		t.from = "ONLY " + t.from
 	} else if err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(relid::oid ORDER BY relid::oid), '{}') FROM pg_partition_tree($1::oid) WHERE isleaf`,
@@ -654,7 +652,7 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 			return
 		}
 		if queued > 0 {
-			if werr := s.settled(ctx, snap.ID, queued); werr != nil {
+			if werr := s.journaled(ctx, snap.ID, queued); werr != nil {
 				err = errors.Join(err, werr)
 			}
 		}
@@ -744,7 +742,7 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 			shape = c.shape
 		}
 		if c.final {
-			if err := s.journaled(ctx, snap.ID, t.entity); err != nil {
+			if err := s.journaled(ctx, snap.ID, 0); err != nil {
 				return err
 			}
 			el := time.Since(began)
@@ -755,47 +753,24 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 	}
 }
 
-// journaled waits until the journal holds the last chunk of snapshot id,
-// which the loop has queued: until its status is no longer running. So the
-// snapshot is not taken up again from progress the journal does not have
-// yet (which would read and journal the last chunk twice). The queue is
-// journaled in order or the session ends (and ctx with it), so the wait has
-// no deadline of its own; a queue slow behind a huge transaction is logged
-// now and then.
-func (s *snapshotter) journaled(ctx context.Context, id int64, entity string) error {
+// journaled waits until the journal holds the chunks of snapshot id up to
+// chunk n, which the loop has queued (n 0: its last chunk, the one that
+// ends it), or the snapshot is no longer running. So the snapshot is not
+// taken up again from progress the journal does not have yet (which would
+// read and journal those chunks twice). The queue is journaled in order or
+// the session ends (and ctx with it), so the wait has no deadline of its
+// own; a queue slow behind a huge transaction is logged now and then.
+func (s *snapshotter) journaled(ctx context.Context, id, n int64) error {
 	for waited := 1; ; waited++ {
 		cur, err := s.r.j.SnapshotByID(ctx, id)
 		if err != nil {
 			return err
 		}
-		if cur.Status != journal.SnapshotRunning {
+		if cur.Status != journal.SnapshotRunning || n > 0 && cur.Chunks >= n {
 			return nil
 		}
 		if waited%3000 == 0 {
-			s.r.log.Warn("snapshot: the last chunk is queued but not journaled yet; waiting (the journal is behind the stream)",
-				"id", id, "table", entity, "waited", (time.Duration(waited) * 20 * time.Millisecond).String())
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
-// settled waits until the journal holds chunk n of snapshot id (which the
-// loop has queued), or the snapshot is no longer running.
-func (s *snapshotter) settled(ctx context.Context, id, n int64) error {
-	for waited := 1; ; waited++ {
-		cur, err := s.r.j.SnapshotByID(ctx, id)
-		if err != nil {
-			return err
-		}
-		if cur.Status != journal.SnapshotRunning || cur.Chunks >= n {
-			return nil
-		}
-		if waited%3000 == 0 {
-			s.r.log.Warn("snapshot: waiting for its queued chunks to be journaled before it is taken up again (the journal is behind the stream)",
+			s.r.log.Warn("snapshot: chunks are queued but not journaled yet; waiting (the journal is behind the stream)",
 				"id", id, "chunk", n, "journaled", cur.Chunks, "waited", (time.Duration(waited) * 20 * time.Millisecond).String())
 		}
 		select {
@@ -957,7 +932,6 @@ func (s *snapshotter) read(ctx context.Context, conn *pgx.Conn, t *snapTable, sn
 		// read as the table now is (the chunk's progress and reads are one
 		// journal transaction: a crash resumes from this chunk).
 		lastKey = nil
-		c.restarted = true
 		s.r.log.Info("snapshot starts over: the table's published columns or row filter changed", "id", snap.ID, "table", t.entity)
 	}
 	*t = *nt
