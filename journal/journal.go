@@ -246,8 +246,8 @@ func (j *Journal) Schema() string { return j.schema }
 
 // statements holds the SQL with the schema's quoted name spliced in.
 type statements struct {
-	meta, retention, entitySeqs, entries, published, migrations, epochs, snapshots, publicationTables string
-	entriesIdent                                                                                      pgx.Identifier
+	meta, retention, entitySeqs, entries, published, migrations, epochs, snapshots, publicationTables, catalog string
+	entriesIdent                                                                                               pgx.Identifier
 }
 
 func newStatements(schema string) statements {
@@ -262,6 +262,7 @@ func newStatements(schema string) statements {
 		epochs:            q("epochs"),
 		snapshots:         q("snapshots"),
 		publicationTables: q("publication_tables"),
+		catalog:           q("catalog"),
 		entriesIdent:      pgx.Identifier{schema, "entries"},
 	}
 }
@@ -378,6 +379,25 @@ ALTER TABLE %[1]s.published
 COMMENT ON COLUMN %[1]s.published.stream IS 'JetStream mode: the stream (name@created) the published position was saved against; empty when unknown (core NATS, or saved before this column): then stream_seq and epoch mean nothing';
 COMMENT ON COLUMN %[1]s.published.stream_seq IS 'JetStream mode: the stream''s last sequence when it held every entry up to seq and none after; with no other writer the stream stores entry seq+k at stream_seq+k';
 COMMENT ON COLUMN %[1]s.published.epoch IS 'JetStream mode: the journal epoch of the entries the publisher read when it saved the position';
+`,
+	7: `
+CREATE TABLE %[1]s.catalog (
+	table_schema     text        NOT NULL,
+	table_name       text        NOT NULL,
+	version          bigint      NOT NULL CHECK (version > 0),
+	published        boolean     NOT NULL,
+	relid            bigint      NOT NULL,
+	replica_identity text        NOT NULL,
+	tenant_column    text,
+	tenant_unscoped  boolean     NOT NULL DEFAULT false,
+	row_filter       text,
+	columns          jsonb       NOT NULL,
+	table_shape      text        NOT NULL DEFAULT '',
+	generation       bigint      NOT NULL,
+	recorded_at      timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (table_schema, table_name, version)
+);
+COMMENT ON TABLE %[1]s.catalog IS 'walcast catalog: per published table, what readers may see of it (published columns with types, nullability and key flags, replica identity, tenant column, row filter), one row per version as walcast run noticed it change; the newest version is the truth, older ones are kept up to a bound (journal/catalog.go)';
 `,
 }
 
