@@ -35,6 +35,16 @@ type Config struct {
 	OnControlDropped func(reason string)
 	// TenantColumn, when set, names the column hoisted into "tenant".
 	TenantColumn string
+	// Unscoped, when set with TenantColumn, is asked at every Relation
+	// message of a relation whose columns do not include TenantColumn:
+	// whether the table has that column nonetheless (a publication column
+	// list that leaves it out). Then no change of the relation can be
+	// scoped to a tenant, and each of its row changes is journaled as a
+	// quarantine entry (ReasonTenantUnscoped) that carries neither a
+	// tenant nor a key: it reaches no tenant-scoped reader and no unscoped
+	// one. It runs on the caller's goroutine; an error ends Decode with it
+	// (the caller reconnects and the message comes again).
+	Unscoped func(relID uint32, schema, table string) (bool, error)
 	// MemoryBudget bounds, in bytes, the encoded changes of all in-progress
 	// transactions held in memory; past it the largest is moved to a spill
 	// file, and every later change of it goes straight to the file. Default
@@ -239,7 +249,7 @@ func (d *Decoder) Decode(walStart LSN, data []byte) error {
 		w.u64()     // origin commit LSN
 		w.cstring() // origin name
 	case 'R':
-		d.relationMsg(&w)
+		err = d.relationMsg(&w)
 	case 'Y':
 		err = d.typeMsg(&w)
 	case 'I', 'U', 'D':
@@ -366,7 +376,7 @@ func (d *Decoder) commit(w *wire) {
 	}
 }
 
-func (d *Decoder) relationMsg(w *wire) {
+func (d *Decoder) relationMsg(w *wire) error {
 	if d.inStream {
 		w.u32() // xid
 	}
@@ -376,7 +386,7 @@ func (d *Decoder) relationMsg(w *wire) {
 	w.u8() // replica identity setting; the per-column key flags say it all
 	n := int(w.u16())
 	if !w.ok() {
-		return
+		return nil
 	}
 	rel := newRelation(id, string(ns), string(name), &d.cfg)
 	for i := 0; i < n; i++ {
@@ -385,19 +395,27 @@ func (d *Decoder) relationMsg(w *wire) {
 		oid := w.u32()
 		w.u32() // typmod
 		if !w.ok() {
-			return
+			return nil
 		}
 		rel.addColumn(string(cname), flags&1 != 0, d.columnType(oid), &d.cfg)
+	}
+	schema := string(ns)
+	if schema == "" {
+		schema = "pg_catalog"
+	}
+	if !rel.skip && rel.tenant < 0 && d.cfg.TenantColumn != "" && d.cfg.Unscoped != nil {
+		u, err := d.cfg.Unscoped(id, schema, string(name))
+		if err != nil {
+			return err
+		}
+		rel.unscoped = u
 	}
 	d.rels[id] = rel
 	delete(d.qkeys, id)
 	if rel.fullKey && d.cfg.KeyColumns != nil && !rel.skip {
-		schema := string(ns)
-		if schema == "" {
-			schema = "pg_catalog"
-		}
 		d.setQuarantineKey(rel, d.cfg.KeyColumns(id, schema, string(name)))
 	}
+	return nil
 }
 
 // setQuarantineKey records the columns named in names, in column order, as

@@ -41,6 +41,10 @@ const (
 	ReasonMalformed     = "malformed"       // an envelope not shaped as the decoder builds them (a bug)
 	ReasonTooLarge      = "too-large"       // the envelope exceeds Config.MaxEnvelopeBytes
 	ReasonAppendFailed  = "append-failed"   // the journal refused the change repeatedly (replication)
+	// ReasonTenantUnscoped: the table has the tenant column but the
+	// publication's column list leaves it out, so the row's tenant cannot
+	// be known (Config.Unscoped).
+	ReasonTenantUnscoped = "tenant-unscoped"
 )
 
 // Quarantine is what an op "quarantine" entry says about the change it
@@ -107,6 +111,8 @@ func (d *Decoder) guard(tx *txState, r rec) rec {
 	tail := tx.arena[r.tailOff:] // the tail is the end of the arena
 	var reason, detail string
 	switch {
+	case d.rowRel != nil && d.rowRel.unscoped:
+		reason, detail = ReasonTenantUnscoped, "the table has the tenant column but the publication's column list leaves it out, so the row's tenant cannot be known; add the column to the publication's column list"
 	case !utf8.ValidString(r.entity):
 		reason, detail = ReasonEntityNotUTF8, "the entity name (table or message prefix) is not valid UTF-8"
 	case r.tstate == TenantKnown && !textOK(r.tenant):
@@ -163,7 +169,9 @@ func (d *Decoder) quarantine(tx *txState, r rec, reason, detail string) rec {
 	// reader; its key is left out too, or the journal would route it by the
 	// key's previous row. An unresolved tenant (a key-only delete) keeps its
 	// key, so the journal resolves it as it would the delete.
-	dropTenant := r.tstate == TenantKnown && !textOK(r.tenant)
+	// A row of a table whose tenant column is not published has no
+	// tenant to carry: it is dropped likewise, whatever the row had.
+	dropTenant := reason == ReasonTenantUnscoped || (r.tstate == TenantKnown && !textOK(r.tenant))
 	var key, oldKey []byte
 	if !dropTenant {
 		key, oldKey = d.quarantineKeys(tail, r)

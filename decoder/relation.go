@@ -17,6 +17,7 @@ type relation struct {
 	hasKey   bool
 	fullKey  bool            // every column is a key column (REPLICA IDENTITY FULL)
 	tenant   int             // index of the tenant column, -1 when there is none
+	unscoped bool            // the table has the tenant column but it is not published (Config.Unscoped)
 	entityOp []byte          // `,"entity":"schema.table","op":"`, escaped
 	counts   *EntityCounters // decoded changes of entity; nil when skip
 }
