@@ -362,110 +362,25 @@ type snapTable struct {
 }
 
 // loadTable reads the table's published columns, replica identity and chunk
-// key from the source's catalogs.
+// key from the source's catalogs (loadSourceTable).
 func (s *snapshotter) loadTable(ctx context.Context, conn *pgx.Conn, snap journal.Snapshot) (*snapTable, error) {
 	ent := snap.Entity()
 	pub := s.r.cfg.Publication
-	var relid uint32
-	var ident, kind string
-	err := conn.QueryRow(ctx, `SELECT c.oid, c.relreplident::text, c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1 AND c.relname = $2`, snap.Schema, snap.Table).Scan(&relid, &ident, &kind)
-	if errors.Is(err, pgx.ErrNoRows) {
+	src, err := loadSourceTable(ctx, conn, pub, snap.Schema, snap.Table, s.r.cfg.TenantColumn)
+	switch {
+	case errors.Is(err, errNoSourceTable):
 		return nil, refusef("table %s does not exist in the source database; fix: check the name (schema.table) and start a new snapshot", ent)
-	}
-	if err != nil {
-		return nil, err
-	}
-	var version int
-	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
-		return nil, err
-	}
-	var attnames []string
-	var filter *string
-	q := `SELECT NULL::text[], NULL::text FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
-	if version >= 150000 {
-		q = `SELECT attnames, rowfilter FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`
-	}
-	err = conn.QueryRow(ctx, q, pub, snap.Schema, snap.Table).Scan(&attnames, &filter)
-	if errors.Is(err, pgx.ErrNoRows) {
+	case errors.Is(err, errNotPublished):
 		return nil, refusef("table %s is not in publication %q, so its changes are not streamed and a snapshot could not be kept current; fix: ALTER PUBLICATION %s ADD TABLE %s; then start a new snapshot",
 			ent, pub, pgx.Identifier{pub}.Sanitize(), pgx.Identifier{snap.Schema, snap.Table}.Sanitize())
-	}
-	if err != nil {
+	case err != nil:
 		return nil, err
 	}
-	published := map[string]bool{}
-	for _, a := range attnames {
-		published[a] = true
+	if s.r.cfg.TenantColumn != "" && src.unscoped(s.r.cfg.TenantColumn) {
+		return nil, refusef("table %s has tenant column %q but publication %q leaves it out of its column list, so no row's tenant can be known and its rows would reach every tenant; fix: %s then start a new snapshot",
+			ent, s.r.cfg.TenantColumn, pub, unscopedFix(pub, src, s.r.cfg.TenantColumn))
 	}
-	rows, err := conn.Query(ctx, `SELECT a.attnum, a.attname, a.atttypid, format_type(a.atttypid, a.atttypmod),
-			CASE WHEN a.attcollation NOT IN (0, 100) THEN quote_ident(cn.nspname) || '.' || quote_ident(co.collname) ELSE '' END
-		FROM pg_attribute a LEFT JOIN pg_collation co ON co.oid = a.attcollation LEFT JOIN pg_namespace cn ON cn.oid = co.collnamespace
-		WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum`, relid)
-	if err != nil {
-		return nil, err
-	}
-	type att struct {
-		num        int16
-		name, typ  string
-		oid        uint32
-		collate    string
-		baseSchema string
-		baseName   string
-		elem       decoder.ArrayElement
-	}
-	var atts []att
-	for rows.Next() {
-		var a att
-		if err := rows.Scan(&a.num, &a.name, &a.oid, &a.typ, &a.collate); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		if len(published) > 0 && !published[a.name] {
-			continue
-		}
-		atts = append(atts, a)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	// The base type of each non-built-in column type, as pgoutput's Type
-	// message names it (logicalrep_write_typ: getBaseType).
-	for i := range atts {
-		a := &atts[i]
-		if a.oid < 10000 {
-			continue
-		}
-		oid := a.oid
-		for depth := 0; depth < 32; depth++ {
-			var typtype string
-			var base uint32
-			if err := conn.QueryRow(ctx, `SELECT t.typtype::text, t.typbasetype, n.nspname, t.typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = $1`,
-				oid).Scan(&typtype, &base, &a.baseSchema, &a.baseName); err != nil {
-				return nil, err
-			}
-			if typtype != "d" {
-				break
-			}
-			oid = base
-		}
-	}
-	// The elements of arrays outside pg_catalog (arrays of domains), which
-	// pgoutput does not describe (decoder.Config.ArrayElement).
-	for i := range atts {
-		a := &atts[i]
-		if a.oid < 10000 || a.baseSchema == "pg_catalog" || !strings.HasPrefix(a.baseName, "_") {
-			continue
-		}
-		e, ok, err := lookupArrayElement(ctx, conn, a.oid)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			a.elem = e
-		}
-	}
+	relid, ident, kind, atts, pk, ri := src.relid, string(src.ident), string(src.kind), src.cols, src.pk, src.ri
 	// Chunk key: columns every change of a row carries, so a change inside
 	// a chunk's window can be matched with the row read. A delete carries
 	// only the replica identity's columns (an update that moves a row, its
@@ -473,11 +388,6 @@ func (s *snapshotter) loadTable(ctx context.Context, conn *pgx.Conn, snap journa
 	// key under DEFAULT, the identity index under USING INDEX; under FULL
 	// every column is carried and the primary key, else the identity index,
 	// orders the chunks.
-	var pk, ri []int16
-	if err := conn.QueryRow(ctx, `SELECT coalesce((SELECT indkey::int2[] FROM pg_index WHERE indrelid = $1 AND indisprimary), '{}'),
-		coalesce((SELECT indkey::int2[] FROM pg_index WHERE indrelid = $1 AND indisreplident), '{}')`, relid).Scan(&pk, &ri); err != nil {
-		return nil, err
-	}
 	qname := pgx.Identifier{snap.Schema, snap.Table}.Sanitize()
 	var chunkKey []int16
 	switch ident {
@@ -498,22 +408,6 @@ func (s *snapshotter) loadTable(ctx context.Context, conn *pgx.Conn, snap journa
 		return nil, refusef("table %s has neither a primary key nor a replica identity index, so it cannot be read in key order; fix: add a primary key, or ALTER TABLE %s REPLICA IDENTITY USING INDEX <a unique index on NOT NULL columns>; then start a new snapshot",
 			ent, qname)
 	}
-	// Replica identity columns, flagged as pgoutput's Relation message does.
-	identity := map[int16]bool{}
-	switch ident {
-	case "d":
-		for _, n := range pk {
-			identity[n] = true
-		}
-	case "i":
-		for _, n := range ri {
-			identity[n] = true
-		}
-	case "f":
-		for _, a := range atts {
-			identity[a.num] = true
-		}
-	}
 	t := &snapTable{entity: ent, relid: relid, lock: qname, from: qname}
 	if kind != "p" {
 		t.from = "ONLY " + t.from
@@ -521,15 +415,9 @@ func (s *snapshotter) loadTable(ctx context.Context, conn *pgx.Conn, snap journa
 		relid).Scan(&t.parts); err != nil {
 		return nil, err
 	}
-	primary := map[int16]bool{}
-	for _, n := range pk {
-		primary[n] = true
-	}
-	infos := make([]decoder.ColumnInfo, len(atts))
+	infos := src.columnInfos()
 	pos := map[int16]int{}
 	for i, a := range atts {
-		infos[i] = decoder.ColumnInfo{Name: a.name, TypeOID: a.oid, BaseSchema: a.baseSchema, BaseName: a.baseName, Key: identity[a.num],
-			PrimaryKey: primary[a.num], Element: a.elem}
 		t.cols = append(t.cols, pgx.Identifier{a.name}.Sanitize())
 		pos[a.num] = i
 	}
@@ -547,9 +435,7 @@ func (s *snapshotter) loadTable(ctx context.Context, conn *pgx.Conn, snap journa
 		t.keyColl = append(t.keyColl, a.collate)
 		t.keyIdx = append(t.keyIdx, i)
 	}
-	if filter != nil {
-		t.filter = *filter
-	}
+	t.filter = src.filter
 	var shape strings.Builder
 	for _, a := range atts {
 		shape.WriteString(a.name + " " + a.typ + a.collate + "\x00")

@@ -28,7 +28,7 @@ func (r *Replicator) stream(ctx context.Context, conn *pgconn.PgConn, gen int64,
 		OnQuarantine: func(reason string) { r.quarantined.add(reason, 1) }, MaxEnvelopeBytes: r.cfg.MaxEnvelopeBytes,
 		MemoryBudget: r.cfg.decoderBudget(), SpillDir: r.cfg.SpillDir, Counters: r.decoded,
 		ControlPrefix: snapshotPrefix, OnControlDropped: func(reason string) { r.controlsDropped.add(reason, 1) },
-		ArrayElement: cat.arrayElement, KeyColumns: cat.keyColumns,
+		ArrayElement: cat.arrayElement, KeyColumns: cat.keyColumns, Unscoped: cat.unscoped,
 		MaxTransactionBytes: r.cfg.MaxTransactionBytes, OnTransactionQuarantine: r.transactionQuarantined,
 	})
 	q := newBoundedQueue(r.cfg.QueueMaxChanges, r.cfg.QueueMaxBytes)
@@ -45,9 +45,16 @@ func (r *Replicator) stream(ctx context.Context, conn *pgconn.PgConn, gen int64,
 		defer close(snapsDone)
 		snaps.runWorker(sctx)
 	}()
+	// The catalog writer too: a Relation message nudges it.
+	cats := newCatalogWriter(r, gen)
+	catsDone := make(chan struct{})
+	go func() {
+		defer close(catsDone)
+		cats.run(sctx)
+	}()
 
 	loop := &streamLoop{r: r, conn: conn, dec: dec, q: q, wake: wake, writerDone: writerDone, statusEvery: statusEvery,
-		snaps: &snapWindows{s: snaps}}
+		snaps: &snapWindows{s: snaps}, cats: cats}
 	if r.skipRelations != nil {
 		loop.advanceSlack = ownWALSlack
 	}
@@ -56,6 +63,7 @@ func (r *Replicator) stream(ctx context.Context, conn *pgconn.PgConn, gen int64,
 	r.cov.setWake(nil)
 	stopSnaps()
 	<-snapsDone
+	<-catsDone
 
 	// Stop the writer: it finishes the batch in flight (journaled batches are
 	// durable and will be acknowledged below) and drops what is queued, which
@@ -140,7 +148,8 @@ type streamLoop struct {
 	// ownWALSlack when the journal lives in the source database, else 0.
 	advanceSlack decoder.LSN
 
-	snaps *snapWindows // the loop's side of snapshots
+	snaps *snapWindows   // the loop's side of snapshots
+	cats  *catalogWriter // nudged by Relation messages
 
 	sentWM      decoder.LSN
 	nextStatus  time.Time
@@ -254,6 +263,9 @@ func (l *streamLoop) handle(ctx context.Context, msg pgproto3.BackendMessage) er
 			// buffer is never copied.
 			if err := l.dec.Decode(decoder.LSN(x.WALStart), x.WALData); err != nil {
 				return err
+			}
+			if len(x.WALData) > 0 && x.WALData[0] == 'R' && l.cats != nil {
+				l.cats.nudge() // a relation's shape may have changed: record it
 			}
 			l.txs = l.dec.Committed(l.txs[:0])
 			if len(l.txs) > 0 {
@@ -512,9 +524,10 @@ func (r *Replicator) appendBatch(ctx context.Context, gen int64, batch []queueIt
 // the receive loop, once per type or relation per session, each question
 // bounded by catalogLookupTimeout.
 type catalogLookup struct {
-	r    *Replicator
-	ctx  context.Context
-	conn *pgx.Conn
+	r      *Replicator
+	ctx    context.Context
+	conn   *pgx.Conn
+	warned map[uint32]bool // relations logged as unscoped (unscoped)
 }
 
 const catalogLookupTimeout = 30 * time.Second

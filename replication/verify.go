@@ -682,8 +682,8 @@ func (v *verifier) checkTenantColumn(ctx context.Context) {
 }
 
 // checkTenantPublished checks that the publication sends table t's tenant
-// column: a column list that leaves it out makes every row of t look
-// untenanted — delivered to every tenant (PostgreSQL 15+ column lists). It
+// column: a column list that leaves it out makes no row's tenant knowable
+// (PostgreSQL 15+ column lists), which fails and blocks walcast run. It
 // reports false when it failed t, so that no further tenant check of t runs.
 func (v *verifier) checkTenantPublished(ctx context.Context, t pubTable, col string) bool {
 	var attnames []string
@@ -707,8 +707,11 @@ func (v *verifier) checkTenantPublished(ctx context.Context, t pubTable, col str
 			}
 			quotedCols = append(quotedCols, q)
 		}
-		v.report.add(Check{ID: "tenant_column", Subject: t.display(), Status: StatusFail,
-			Found: fmt.Sprintf("%s: publication %q's column list leaves out tenant column %q, so its rows would carry no tenant and reach every tenant's readers", t.display(), v.cfg.Publication, col),
+		// Blocking: walcast run refuses to start rather than carry the
+		// table's rows unscoped (while running, its changes are
+		// quarantined: decoder.Config.Unscoped).
+		v.report.add(Check{ID: "tenant_column", Subject: t.display(), Status: StatusFail, Blocking: true,
+			Found: fmt.Sprintf("%s: publication %q's column list leaves out tenant column %q, so no row's tenant can be known (its changes would be quarantined and reach no reader)", t.display(), v.cfg.Publication, col),
 			Fix:   fmt.Sprintf("ALTER PUBLICATION %s DROP TABLE %s; ALTER PUBLICATION %s ADD TABLE %s (%s);", v.q.pub, t.quoted, v.q.pub, t.quoted, strings.Join(quotedCols, ", "))})
 		return false
 	}

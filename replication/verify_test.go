@@ -340,8 +340,8 @@ func TestVerifyPartitionsAndTenant(t *testing.T) {
 }
 
 // TestVerifyTenantColumnList: a publication column list that leaves out the
-// tenant column fails (its rows would reach every tenant), with a fix that
-// pastes; a row filter is reported.
+// tenant column fails and blocks walcast run (no row's tenant could be
+// known), with a fix that pastes; a row filter is reported.
 func TestVerifyTenantColumnList(t *testing.T) {
 	url := pgtest.NewDatabase(t)
 	execSQL(t, url,
@@ -354,7 +354,7 @@ func TestVerifyTenantColumnList(t *testing.T) {
 	r := mustVerify(t, cfg)
 	c := check(t, r, "tenant_column", "public.docs")
 	wantStatus(t, c, StatusFail)
-	if !strings.Contains(c.Found, "column list") || !strings.Contains(c.Fix, `"Tenant id"`) {
+	if !c.Blocking || !strings.Contains(c.Found, "column list") || !strings.Contains(c.Fix, `"Tenant id"`) {
 		t.Fatalf("column list check: %+v", c)
 	}
 	wantStatus(t, check(t, r, "tenant_row_filter", "public.notes"), StatusOK)

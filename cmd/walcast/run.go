@@ -223,6 +223,9 @@ func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
 			if b.ID == "slot" {
 				continue
 			}
+			if b.ID == "tenant_column" {
+				return withCode(exitUsage, fmt.Errorf("run: refusing to start: %s; walcast never carries a tenanted table's rows unscoped\nfix: %s", b.Found, b.Fix))
+			}
 			return withCode(exitUsage, fmt.Errorf("run: replication is impossible until this is fixed: %s\nfix: %s", b.Found, b.Fix))
 		}
 	}
