@@ -296,7 +296,7 @@ func (w *catalogWriter) run(ctx context.Context) {
 			closeSourceConn(ctx, conn)
 		}
 	}()
-	timer := time.NewTimer(0)
+	timer := time.NewTimer(publicationPoll) // the session made the first pass
 	defer timer.Stop()
 	for {
 		select {
@@ -343,6 +343,16 @@ func (w *catalogWriter) run(ctx context.Context) {
 		}
 		timer.Reset(publicationPoll)
 	}
+}
+
+// recordCatalog makes one catalog pass on a connection of its own.
+func recordCatalog(ctx context.Context, r *Replicator, gen int64) error {
+	conn, err := (&snapshotter{r: r}).connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeSourceConn(ctx, conn)
+	return newCatalogWriter(r, gen).pass(ctx, conn)
 }
 
 // pass records every published table's current entry, and a Published

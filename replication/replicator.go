@@ -385,6 +385,16 @@ func (r *Replicator) session(ctx context.Context, everConnected *bool) (streamed
 		return false, err
 	}
 	r.log.Info("holding the slot's lock; now the active replicator", "generation", gen, "pid", conn.PID())
+	// The catalog is recorded before streaming starts, so that every
+	// table published now is described by the time this replicator is
+	// active; the session's catalog writer keeps it current (and retries
+	// when this first pass fails).
+	if err := recordCatalog(ctx, r, gen); err != nil {
+		if errors.Is(err, journal.ErrFenced) {
+			return false, err
+		}
+		r.log.Warn("cannot record the published tables in the journal's catalog yet; retrying while streaming", "cause", err)
+	}
 	start, err := r.resume(ctx, conn, sys, gen)
 	if err != nil {
 		return false, err

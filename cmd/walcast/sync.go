@@ -114,8 +114,6 @@ Exit status: 0 after a clean stop (SIGINT/SIGTERM), 1 when the node fails,
 	f.StringSliceVar(&sf.origins, "allowed-origins", nil, "browser origins allowed at the upgrade (\"*\" for any; default: same host or none)")
 	f.BoolVar(&sf.console, "console", false, "also serve the live console at /console (paste a token, watch topics) and the browser client at /console/walcast.js")
 	f.StringVar(&sf.cfg.State.SourceURL, "database-url", "", "source database for snapshots (\"snapshot\":true subscriptions, GET /v1/snapshot), read with a read-only role; empty: no snapshots")
-	f.StringVar(&sf.cfg.State.Publication, "publication", "", "with --database-url: the publication whose column lists and row filters shape snapshot rows (empty: every column)")
-	f.StringVar(&sf.cfg.State.TenantColumn, "tenant-column", "", "with --database-url: walcast run's --tenant-column, scoping snapshot rows as changes are")
 	f.IntVar(&sf.cfg.State.MaxConcurrent, "max-concurrent-snapshots", syncnode.DefaultMaxConcurrentSnapshots, "snapshots read at once on this node (one source connection each); more wait")
 	f.DurationVar(&sf.cfg.State.Timeout, "snapshot-timeout", syncnode.DefaultSnapshotTimeout, "limit of one snapshot, BEGIN to snapshot-end, and of each of its statements (its REPEATABLE READ transaction holds back vacuum on the source)")
 	f.Float64Var(&sf.cfg.State.Rate, "snapshot-rate", 2, "snapshots per second a client may ask for, per client address and per token subject, before error rate-limited (0: unlimited)")

@@ -61,9 +61,10 @@ type Stats struct {
 	Closed, Rejected, Repairs                          map[string]int64
 	// Snapshots are by outcome (done, cancelled, failed, refused);
 	// SnapshotsRunning read now, SnapshotsQueued wait for a slot,
-	// SnapshotRows is every row frame sent.
-	Snapshots                                       map[string]int64
-	SnapshotsRunning, SnapshotsQueued, SnapshotRows int64
+	// SnapshotRows is every row frame sent; SnapshotRowsWithheld the rows
+	// never sent because their tenant could not be known (scope.go).
+	Snapshots                                                             map[string]int64
+	SnapshotsRunning, SnapshotsQueued, SnapshotRows, SnapshotRowsWithheld int64
 }
 
 // Stats returns a snapshot of the node's counters.
@@ -76,6 +77,7 @@ func (n *Node) Stats() Stats {
 		Snapshots: map[string]int64{}, SnapshotsQueued: st.snapshotsQueued.Load()}
 	if n.state != nil {
 		out.SnapshotsRunning, out.SnapshotRows = n.state.active.Load(), n.state.rows.Load()
+		out.SnapshotRowsWithheld = n.state.withheld.Load()
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -155,6 +157,11 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 	if err != nil {
 		return nil, err
 	}
+	snapWithheld, err := meter.Int64ObservableCounter("walcast.sync.snapshot.rows_withheld",
+		metric.WithDescription("snapshot rows never sent because their tenant could not be known (fail closed)"))
+	if err != nil {
+		return nil, err
+	}
 	snapRunning, err := meter.Int64ObservableUpDownCounter("walcast.sync.snapshots.running",
 		metric.WithDescription("snapshots reading now (at most --max-concurrent-snapshots)"))
 	if err != nil {
@@ -191,8 +198,9 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 			o.ObserveInt64(snapshots, s.Snapshots[k], metric.WithAttributes(attribute.String("outcome", k)))
 		}
 		o.ObserveInt64(snapRows, s.SnapshotRows)
+		o.ObserveInt64(snapWithheld, s.SnapshotRowsWithheld)
 		o.ObserveInt64(snapRunning, s.SnapshotsRunning)
 		o.ObserveInt64(snapQueued, s.SnapshotsQueued)
 		return nil
-	}, open, sent, dropped, gaps, received, closed, rejected, repairs, epochs, snapshots, snapRows, snapRunning, snapQueued)
+	}, open, sent, dropped, gaps, received, closed, rejected, repairs, epochs, snapshots, snapRows, snapWithheld, snapRunning, snapQueued)
 }

@@ -342,6 +342,9 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 		n.cancel()
 		return nil, err
 	}
+	if n.state != nil {
+		n.state.useCatalog(n.j, n.warnEvery)
+	}
 	if _, err := nc.Subscribe(cfg.SubjectPrefix+".resync", n.onResync); err != nil {
 		nc.Close()
 		n.cancel()

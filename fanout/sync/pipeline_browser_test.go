@@ -104,7 +104,7 @@ func newBrowserPipeline(t *testing.T, control http.Handler) *browserPipeline {
 	// socket whose token is not refreshed is closed (4100) within a second
 	// of exp plus the leeway.
 	p.node, err = Open(ctx, Config{NATS: bus.NATSConfig{URL: ns.URL()}, Journal: j, Auth: auth,
-		State:  StateConfig{SourceURL: p.src, Publication: "pub", MaxConcurrent: 2},
+		State:  StateConfig{SourceURL: p.src, MaxConcurrent: 2},
 		Logger: logger})
 	if err != nil {
 		t.Fatal(err)

@@ -41,18 +41,14 @@ import (
 //     the ordinary catch-up and live path from there.
 
 // StateConfig configures snapshots ("snapshot":true subscriptions and GET
-// /v1/snapshot). Without SourceURL the node serves none.
+// /v1/snapshot). Without SourceURL the node serves none. What a snapshot
+// may read of a table — its published columns, row filter and tenant
+// column — is not configured here: it comes from the journal's catalog,
+// which walcast run writes (scope.go).
 type StateConfig struct {
 	// SourceURL is the source database (--database-url), read with a
 	// read-only role; the node's sessions are read-only too.
 	SourceURL string
-	// Publication, when set, limits rows to what it publishes: its column
-	// list and row filter (PostgreSQL 15+), so a row frame carries exactly
-	// the columns an insert of it would. Without it every column is read.
-	Publication string
-	// TenantColumn must be `walcast run`'s --tenant-column: rows are scoped
-	// by it exactly as changes are.
-	TenantColumn string
 	// MaxConcurrent snapshots read at once on this node; more wait
 	// (default 8). It is also the size of the source connection pool.
 	MaxConcurrent int
@@ -136,6 +132,8 @@ type stateSource struct {
 
 	active atomic.Int64 // snapshots reading now
 	rows   atomic.Int64 // row frames sent, all snapshots
+
+	scope // the catalog that scopes snapshots (scope.go)
 }
 
 // openState checks the source when one is configured: it connects once,
@@ -250,141 +248,6 @@ func (e *errSnapshotRefused) Error() string { return e.msg }
 
 func refused(format string, args ...any) error {
 	return &errSnapshotRefused{fmt.Sprintf(format, args...)}
-}
-
-// loadStateTable reads schema.table's published columns, their types and
-// replica identity, and builds the scoped SELECT, in the snapshot's
-// transaction (so the catalogs match the rows).
-func (st *stateSource) loadStateTable(ctx context.Context, tx pgx.Tx, schema, table, tenant string) (*stateTable, error) {
-	entity := decoder.EntityName(schema, table)
-	var relid uint32
-	var kind, ident string
-	var estimate float64
-	err := tx.QueryRow(ctx, `SELECT c.oid, c.relkind::text, c.relreplident::text, c.reltuples::float8
-		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`,
-		schema, table).Scan(&relid, &kind, &ident, &estimate)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, refused("table %s does not exist in the source database", entity)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if kind != "r" && kind != "p" {
-		return nil, refused("%s is not a table", entity)
-	}
-	published := map[string]bool{}
-	var filter *string
-	if st.cfg.Publication != "" {
-		var attnames []string
-		err := tx.QueryRow(ctx, `SELECT attnames, rowfilter FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`,
-			st.cfg.Publication, schema, table).Scan(&attnames, &filter)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil, refused("table %s is not in publication %q, so its changes are not streamed", entity, st.cfg.Publication)
-		}
-		if err != nil {
-			return nil, err
-		}
-		for _, a := range attnames {
-			published[a] = true
-		}
-	}
-	rows, err := tx.Query(ctx, `SELECT a.attnum, a.attname, a.atttypid,
-			coalesce(b.nspname, ''), coalesce(b.typname, '')
-		FROM pg_attribute a
-		LEFT JOIN LATERAL (
-			WITH RECURSIVE chain(oid, depth) AS (
-				SELECT a.atttypid, 0 WHERE a.atttypid >= 10000
-				UNION ALL
-				SELECT t.typbasetype, c.depth + 1 FROM chain c JOIN pg_type t ON t.oid = c.oid
-				WHERE t.typtype = 'd' AND c.depth < 32)
-			SELECT n.nspname, t.typname FROM chain c JOIN pg_type t ON t.oid = c.oid JOIN pg_namespace n ON n.oid = t.typnamespace
-			ORDER BY c.depth DESC LIMIT 1) b ON true
-		WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum`, relid)
-	if err != nil {
-		return nil, err
-	}
-	type att struct {
-		num  int16
-		info decoder.ColumnInfo
-	}
-	var atts []att
-	for rows.Next() {
-		var a att
-		if err := rows.Scan(&a.num, &a.info.Name, &a.info.TypeOID, &a.info.BaseSchema, &a.info.BaseName); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		if len(published) > 0 && !published[a.info.Name] {
-			continue
-		}
-		atts = append(atts, a)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	// Replica identity columns, flagged as pgoutput's Relation message
-	// flags them: they make the envelope's key.
-	var pk, ri []int16
-	if err := tx.QueryRow(ctx, `SELECT coalesce((SELECT indkey::int2[] FROM pg_index WHERE indrelid = $1 AND indisprimary), '{}'),
-		coalesce((SELECT indkey::int2[] FROM pg_index WHERE indrelid = $1 AND indisreplident), '{}')`, relid).Scan(&pk, &ri); err != nil {
-		return nil, err
-	}
-	identity := map[int16]bool{}
-	switch ident {
-	case "d":
-		for _, n := range pk {
-			identity[n] = true
-		}
-	case "i":
-		for _, n := range ri {
-			identity[n] = true
-		}
-	case "f":
-		for _, a := range atts {
-			identity[a.num] = true
-		}
-	}
-	t := &stateTable{entity: entity, estimate: max(0, int64(estimate))}
-	infos := make([]decoder.ColumnInfo, len(atts))
-	cols := make([]string, len(atts))
-	tenantCol := ""
-	for i, a := range atts {
-		a.info.Key = identity[a.num]
-		infos[i] = a.info
-		cols[i] = pgx.Identifier{a.info.Name}.Sanitize()
-		if st.cfg.TenantColumn != "" && a.info.Name == st.cfg.TenantColumn {
-			tenantCol = cols[i]
-		}
-	}
-	if len(cols) == 0 {
-		return nil, refused("table %s has no published columns", entity)
-	}
-	from := pgx.Identifier{schema, table}.Sanitize()
-	if kind == "r" {
-		from = "ONLY " + from
-	}
-	var conds []string
-	if filter != nil && *filter != "" {
-		conds = append(conds, "("+*filter+")")
-	}
-	// Scoped as the journal scopes changes (DESIGN §5): the tenant's rows
-	// and rows with no tenant; an unscoped reader only the latter. The
-	// text form compared is the one the decoder hoists into "tenant".
-	if tenantCol != "" {
-		if tenant == "" {
-			conds = append(conds, tenantCol+" IS NULL")
-		} else {
-			conds = append(conds, "("+tenantCol+" IS NULL OR "+tenantCol+"::text = $1)")
-			t.args = []any{tenant}
-		}
-	}
-	t.sql = "SELECT " + strings.Join(cols, ", ") + " FROM " + from
-	if len(conds) > 0 {
-		t.sql += " WHERE " + strings.Join(conds, " AND ")
-	}
-	t.enc = decoder.NewRowEncoder(schema, table, infos, st.cfg.TenantColumn)
-	return t, nil
 }
 
 // stateSink receives a snapshot's frames as JSON payloads, in order. send

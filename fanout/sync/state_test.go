@@ -69,7 +69,7 @@ func newStateEnvWith(t testing.TB, mod func(*replication.Config, *Config), setup
 		t.Fatal(err)
 	}
 	ncfg := Config{NATS: bus.NATSConfig{URL: ns.URL()}, Journal: j, Auth: auth,
-		State:  StateConfig{SourceURL: url, Publication: "pub", TenantColumn: "tenant", MaxConcurrent: 4},
+		State:  StateConfig{SourceURL: url, MaxConcurrent: 4},
 		Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	if mod != nil {
 		mod(&rcfg, &ncfg)
