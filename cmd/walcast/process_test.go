@@ -746,6 +746,9 @@ func byEntityOp(body, name string) map[string]int {
 func TestRunStartupErrors(t *testing.T) {
 	url := pgtest.NewDatabase(t)
 	execSQL(t, url, `CREATE TABLE items (id int PRIMARY KEY, val text)`)
+	// A tenanted table whose tenant column the column list leaves out.
+	unscoped := pgtest.NewDatabase(t)
+	execSQL(t, unscoped, `CREATE TABLE docs (id int PRIMARY KEY, org text, body text)`, `CREATE PUBLICATION pub FOR TABLE docs (id, body)`)
 	c := pgtest.Shared(t)
 	cases := []struct {
 		name string
@@ -757,6 +760,8 @@ func TestRunStartupErrors(t *testing.T) {
 		{"unreachable", runArgs("postgres://postgres@127.0.0.1:1/postgres?sslmode=disable"), []string{"check that PostgreSQL is running"}},
 		{"bad slot name", runArgs(url, "--slot", "Bad-Slot", "--skip-preflight"), []string{"slot name", "lower-case"}},
 		{"missing flag", []string{"run", "--publication", "pub"}, []string{"--database-url is required"}},
+		{"tenant column not published", runArgs(unscoped, "--tenant-column", "org"),
+			[]string{"refusing to start", `leaves out tenant column "org"`, `ALTER PUBLICATION pub DROP TABLE public.docs; ALTER PUBLICATION pub ADD TABLE public.docs (id, body, org);`}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

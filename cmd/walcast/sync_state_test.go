@@ -102,7 +102,7 @@ func startStateSync(t *testing.T) (string, string, func(snapshot bool) string) {
 	ns := natstest.Start(t)
 	run := startWalcast(t, runArgs(url, "--nats-url", ns.URL())...)
 	waitUntil(t, "run active", 30*time.Second, func() bool { return strings.HasPrefix(run.readyz(), "active") })
-	sync := startWalcast(t, "sync", "--nats-url", ns.URL(), "--journal-url", url, "--database-url", url, "--publication", "pub",
+	sync := startWalcast(t, "sync", "--nats-url", ns.URL(), "--journal-url", url, "--database-url", url,
 		"--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--jwt-secret", syncJWTSecret,
 		"--cursor-secret", string(cursorSecret), "--log-format", "json")
 	listenRe := regexp.MustCompile(`"listen":"(ws://[^"]+)"`)

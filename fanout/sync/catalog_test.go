@@ -1,0 +1,294 @@
+package sync
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/walcast/walcast/internal/pgtest"
+	"github.com/walcast/walcast/journal"
+)
+
+// The node in these tests is started with no publication and no tenant
+// column of its own (StateConfig has neither): its snapshots' scope comes
+// from the journal's catalog, which the replicator (--tenant-column tenant,
+// publication pub) writes.
+
+func catalogToken(t testing.TB, tenant string, topics ...string) string {
+	t.Helper()
+	c := Claims{Topics: topics, Tenant: tenant, Snapshot: true, RegisteredClaims: jwt.RegisteredClaims{
+		Subject: "test", ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))}}
+	s, err := jwt.NewWithClaims(jwt.SigningMethodHS256, c).SignedString(syncJWTSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// httpSnapshot GETs /v1/snapshot of topic and returns the status, the row
+// frames' envelopes (decoded) and the body of an error.
+func httpSnapshot(t *testing.T, env *stateEnv, topic, tok string) (int, []map[string]json.RawMessage, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", env.srv.URL+"/v1/snapshot?topic="+url.QueryEscape(topic), nil)
+	req.Header.Set("Authorization", "Bearer "+tok)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, nil, string(b)
+	}
+	var rows []map[string]json.RawMessage
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var f struct {
+			T   string                     `json:"t"`
+			Row map[string]json.RawMessage `json:"row"`
+			Msg string                     `json:"message"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &f); err != nil {
+			t.Fatalf("frame %s: %v", sc.Bytes(), err)
+		}
+		switch f.T {
+		case "row":
+			rows = append(rows, f.Row)
+		case "error":
+			t.Fatalf("snapshot of %s ended with an error: %s", topic, f.Msg)
+		}
+	}
+	return resp.StatusCode, rows, ""
+}
+
+// socketSnapshot subscribes with "snapshot":true and returns the rows up to
+// snapshot-end, or the error frame's message.
+func socketSnapshot(t *testing.T, env *stateEnv, topic, tok string) ([]map[string]json.RawMessage, string) {
+	t.Helper()
+	ws := env.mustDial(tok)
+	defer ws.c.Close()
+	ws.send(map[string]any{"t": "sub", "topic": topic, "snapshot": true})
+	var rows []map[string]json.RawMessage
+	for {
+		_ = ws.c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		_, b, err := ws.c.ReadMessage()
+		if err != nil {
+			t.Fatalf("read: %v", err)
+		}
+		var f struct {
+			T   string                     `json:"t"`
+			Row map[string]json.RawMessage `json:"row"`
+			Msg string                     `json:"message"`
+		}
+		if err := json.Unmarshal(b, &f); err != nil {
+			t.Fatal(err)
+		}
+		switch f.T {
+		case "row":
+			rows = append(rows, f.Row)
+		case "snapshot-end":
+			return rows, ""
+		case "error":
+			return rows, f.Msg
+		}
+	}
+}
+
+// ids lists the rows' key ids, sorted.
+func ids(t *testing.T, rows []map[string]json.RawMessage) []string {
+	t.Helper()
+	var out []string
+	for _, r := range rows {
+		var key map[string]json.RawMessage
+		if err := json.Unmarshal(r["key"], &key); err != nil {
+			t.Fatalf("row %v: %v", r, err)
+		}
+		out = append(out, string(key["id"]))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// A node with no tenant flag serves tenant a its rows and the rows with no
+// tenant, never b's, over HTTP and on a socket; a reader with no tenant
+// gets only the rows with no tenant.
+func TestCatalogTenantScopeWithoutNodeFlags(t *testing.T) {
+	env := newStateEnv(t)
+	pgtest.MustExec(t, env.src, `INSERT INTO docs VALUES (1, 'a', 'x'), (2, 'b', 'secret of b'), (3, NULL, 'z'), (4, 'a', 'w')`)
+	for _, tc := range []struct {
+		tenant string
+		want   string
+	}{{"a", "0,1,3,4"}, {"b", "0,2,3"}, {"", "0,3"}} {
+		tok := catalogToken(t, tc.tenant, "public.docs")
+		status, rows, msg := httpSnapshot(t, env, "public.docs", tok)
+		if status != http.StatusOK {
+			t.Fatalf("tenant %q: GET /v1/snapshot %d %s", tc.tenant, status, msg)
+		}
+		if got := strings.Join(ids(t, rows), ","); got != tc.want {
+			t.Errorf("tenant %q over HTTP: rows %s, want %s", tc.tenant, got, tc.want)
+		}
+		rows, msg = socketSnapshot(t, env, "public.docs", tok)
+		if msg != "" {
+			t.Fatalf("tenant %q: socket snapshot refused: %s", tc.tenant, msg)
+		}
+		if got := strings.Join(ids(t, rows), ","); got != tc.want {
+			t.Errorf("tenant %q on a socket: rows %s, want %s", tc.tenant, got, tc.want)
+		}
+		for _, r := range rows {
+			if tn := string(r["tenant"]); tn != "" && tn != `"`+tc.tenant+`"` {
+				t.Errorf("tenant %q got a row of tenant %s", tc.tenant, tn)
+			}
+		}
+	}
+}
+
+// A publication column list and row filter: snapshot rows carry only the
+// published columns (never password_hash) and only the rows the filter
+// publishes, as the stream's inserts do.
+func TestCatalogColumnListAndRowFilter(t *testing.T) {
+	env := newStateEnv(t,
+		`CREATE TABLE users (id int PRIMARY KEY, tenant text, email text, password_hash text)`,
+		`ALTER PUBLICATION pub ADD TABLE users (id, tenant, email) WHERE (id < 100)`,
+		`INSERT INTO users VALUES (1, 'a', 'one@example.com', 'hash-1'), (2, 'b', 'two@example.com', 'hash-2'),
+			(3, 'a', 'three@example.com', 'hash-3'), (200, 'a', 'filtered@example.com', 'hash-200')`)
+	tok := catalogToken(t, "a", "public.users")
+	status, hrows, msg := httpSnapshot(t, env, "public.users", tok)
+	if status != http.StatusOK {
+		t.Fatalf("GET /v1/snapshot: %d %s", status, msg)
+	}
+	srows, msg := socketSnapshot(t, env, "public.users", tok)
+	if msg != "" {
+		t.Fatalf("socket snapshot refused: %s", msg)
+	}
+	for name, rows := range map[string][]map[string]json.RawMessage{"HTTP": hrows, "socket": srows} {
+		if got := strings.Join(ids(t, rows), ","); got != "1,3" {
+			t.Errorf("%s: rows %s, want 1,3 (tenant a, inside the row filter)", name, got)
+		}
+		for _, r := range rows {
+			var after map[string]json.RawMessage
+			if err := json.Unmarshal(r["after"], &after); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := after["password_hash"]; ok || len(after) != 3 || after["email"] == nil {
+				t.Errorf("%s: row %s, want exactly id, tenant and email", name, r["after"])
+			}
+		}
+	}
+	// The journal's insert of row 1 has the same columns as its row frame.
+	pgtest.MustExec(t, env.src, `INSERT INTO users VALUES (5, 'a', 'five@example.com', 'hash-5')`)
+	waitFor(t, "the insert journaled", func() bool {
+		res, err := env.j.Changes(context.Background(), journal.Query{Entities: []string{"public.users"}, Tenant: "a", FromOldest: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range res.Changes {
+			if strings.Contains(string(e.Envelope), `"key":{"id":5}`) {
+				if strings.Contains(string(e.Envelope), "password_hash") {
+					t.Fatalf("the stream carries password_hash: %s", e.Envelope)
+				}
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// A table that is not published, though the node's source role can read
+// it, gets the refusal a missing table gets, word for word.
+func TestCatalogUnpublishedTableRefusedAsMissing(t *testing.T) {
+	env := newStateEnv(t, `CREATE TABLE hidden (id int PRIMARY KEY, tenant text, val text)`, `INSERT INTO hidden VALUES (1, 'a', 'x')`)
+	for _, tc := range []struct{ topic, want string }{
+		{"public.hidden", "table public.hidden does not exist in the source database"},
+		{"public.nothere", "table public.nothere does not exist in the source database"},
+	} {
+		tok := catalogToken(t, "a", tc.topic)
+		status, _, body := httpSnapshot(t, env, tc.topic, tok)
+		var e struct {
+			Message string `json:"message"`
+		}
+		_ = json.Unmarshal([]byte(body), &e)
+		if status != http.StatusUnprocessableEntity || e.Message != tc.want {
+			t.Errorf("GET /v1/snapshot of %s: %d %s; want 422 with %q", tc.topic, status, body, tc.want)
+		}
+		rows, msg := socketSnapshot(t, env, tc.topic, tok)
+		if len(rows) != 0 || msg != tc.want+"; the subscription has ended" {
+			t.Errorf("socket snapshot of %s: %d rows, error %q; want %q", tc.topic, len(rows), msg, tc.want)
+		}
+	}
+}
+
+// The publication's column list, altered while walcast runs, leaves the
+// tenant column out: the table's new changes reach no tenant-scoped and no
+// unscoped reader, and its snapshots are refused.
+func TestCatalogTenantColumnUnpublishedWhileRunning(t *testing.T) {
+	env := newStateEnv(t)
+	pgtest.MustExec(t, env.src, `INSERT INTO docs VALUES (1, 'a', 'x')`)
+	cursors := map[string]string{}
+	for _, tenant := range []string{"a", ""} {
+		c := newStateClient(tenant)
+		req, _ := http.NewRequest("GET", env.srv.URL+"/v1/snapshot?topic=public.docs", nil)
+		req.Header.Set("Authorization", "Bearer "+catalogToken(t, tenant, "public.docs"))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			if _, err := c.apply(sc.Bytes()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		resp.Body.Close()
+		if c.snaps != 1 || c.cursor == "" {
+			t.Fatalf("tenant %q: no snapshot-end before the alter (%v)", tenant, c.errs)
+		}
+		cursors[tenant] = c.cursor
+	}
+
+	pgtest.MustExec(t, env.src, `ALTER PUBLICATION pub SET TABLE docs (id, val), beat`,
+		`INSERT INTO docs VALUES (7, 'a', 'after the alter')`, `UPDATE docs SET val = 'changed after the alter' WHERE id = 1`)
+	waitFor(t, "the changes after the alter journaled", func() bool {
+		res, err := env.j.Changes(context.Background(), journal.Query{Entities: []string{"public.docs"}, AllTenants: true, FromOldest: true, Limit: journal.MaxLimit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, e := range res.Changes {
+			if e.Op == "quarantine" && e.TenantUnknown {
+				n++
+			}
+		}
+		return n == 2
+	})
+	for tenant, cur := range cursors {
+		req, _ := http.NewRequest("GET", env.srv.URL+"/v1/changes?topic=public.docs&cursor="+url.QueryEscape(cur), nil)
+		req.Header.Set("Authorization", "Bearer "+catalogToken(t, tenant, "public.docs"))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || strings.Contains(string(b), "after the alter") || strings.Contains(string(b), "quarantine") {
+			t.Errorf("tenant %q read the changes after the alter: %d %s", tenant, resp.StatusCode, b)
+		}
+	}
+	waitFor(t, "snapshots of public.docs refused", func() bool {
+		status, _, body := httpSnapshot(t, env, "public.docs", catalogToken(t, "a", "public.docs"))
+		return status == http.StatusUnprocessableEntity && strings.Contains(body, "cannot be scoped to a tenant")
+	})
+	if _, msg := socketSnapshot(t, env, "public.docs", catalogToken(t, "", "public.docs")); !strings.Contains(msg, "cannot be scoped to a tenant") {
+		t.Errorf("socket snapshot for an unscoped reader: error %q", msg)
+	}
+}
