@@ -165,6 +165,14 @@ func (j *Journal) RecordCatalog(ctx context.Context, gen int64, e CatalogEntry) 
 	if e.RowFilter != "" {
 		filter = &e.RowFilter
 	}
+	// An unchanged entry is found by a plain read, which writes nothing:
+	// the row lock below would (DESIGN §5: nothing is written while the
+	// source is idle).
+	if last, ok, err := j.Catalog(ctx, e.Table); err != nil {
+		return 0, false, err
+	} else if ok && last.sameAs(&e) {
+		return last.Version, false, nil
+	}
 	err = j.inTx(ctx, pgx.TxOptions{}, func(ctx context.Context, tx pgx.Tx) error {
 		// The meta row's generation, shared-locked: Acquire (which bumps
 		// it) waits for this write, and this write sees its result.

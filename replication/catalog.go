@@ -270,6 +270,11 @@ type catalogWriter struct {
 	r    *Replicator
 	gen  int64
 	wake chan struct{} // capacity 1: a pass is due
+
+	// seen holds, owned by the goroutine making passes, each published
+	// table's fingerprint (catalogFingerprintSQL) as last recorded: a
+	// pass loads and records only the tables whose fingerprint changed.
+	seen map[journal.Table]string
 }
 
 func newCatalogWriter(r *Replicator, gen int64) *catalogWriter {
@@ -345,28 +350,67 @@ func (w *catalogWriter) run(ctx context.Context) {
 	}
 }
 
-// recordCatalog makes one catalog pass on a connection of its own.
-func recordCatalog(ctx context.Context, r *Replicator, gen int64) error {
-	conn, err := (&snapshotter{r: r}).connect(ctx)
+// record makes one pass on a connection of its own.
+func (w *catalogWriter) record(ctx context.Context) error {
+	conn, err := (&snapshotter{r: w.r}).connect(ctx)
 	if err != nil {
 		return err
 	}
 	defer closeSourceConn(ctx, conn)
-	return newCatalogWriter(r, gen).pass(ctx, conn)
+	return w.pass(ctx, conn)
 }
 
-// pass records every published table's current entry, and a Published
-// false version for each table the catalog has as published that left
-// the publication.
+// catalogFingerprintSQL lists the publication's tables ($1) with a digest
+// of everything their catalog entries are made of — the relation, its
+// replica identity, its columns (names, types, NOT NULL), its primary key
+// and identity index, the published columns and the row filter — so that a
+// pass costs one query while nothing changed. %s is the published-columns
+// expression (pg_publication_tables.attnames from PostgreSQL 15 on).
+const catalogFingerprintSQL = `SELECT pt.schemaname, pt.tablename, md5(concat_ws('|', c.oid::text, c.relreplident::text, %s, coalesce(%s, ''),
+		(SELECT string_agg(a.attname || ':' || a.atttypid::text || ':' || a.attnotnull::text, ',' ORDER BY a.attnum) FROM pg_attribute a
+			WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
+		(SELECT string_agg(i.indkey::text || ':' || i.indisprimary::text || ':' || i.indisreplident::text, ',' ORDER BY i.indexrelid) FROM pg_index i
+			WHERE i.indrelid = c.oid AND (i.indisprimary OR i.indisreplident))))
+	FROM pg_publication_tables pt JOIN pg_namespace n ON n.nspname = pt.schemaname JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+	WHERE pt.pubname = $1 ORDER BY 1, 2`
+
+// pass records the entry of every published table whose fingerprint
+// changed since the last pass (all of them on the first), and a Published
+// false version for each table the catalog has as published that left the
+// publication.
 func (w *catalogWriter) pass(ctx context.Context, conn *pgx.Conn) error {
 	cfg := &w.r.cfg
 	ctx, cancel := context.WithTimeout(ctx, catalogLookupTimeout)
 	defer cancel()
-	tables, err := publishedTables(ctx, conn.PgConn(), cfg.Publication)
-	if err != nil {
+	var version int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
 		return err
 	}
-	if len(tables) == 0 {
+	cols, filter := "''", "NULL::text"
+	if version >= 150000 {
+		cols, filter = "pt.attnames::text", "pt.rowfilter"
+	}
+	rows, err := conn.Query(ctx, fmt.Sprintf(catalogFingerprintSQL, cols, filter), cfg.Publication)
+	if err != nil {
+		return fmt.Errorf("list the tables of publication %q: %w", cfg.Publication, err)
+	}
+	prints := map[journal.Table]string{}
+	var order []journal.Table
+	var tbl journal.Table
+	var print *string
+	if _, err := pgx.ForEachRow(rows, []any{&tbl.Schema, &tbl.Name, &print}, func() error {
+		if _, dup := prints[tbl]; !dup {
+			order = append(order, tbl)
+		}
+		prints[tbl] = ""
+		if print != nil {
+			prints[tbl] = *print
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("list the tables of publication %q: %w", cfg.Publication, err)
+	}
+	if len(order) == 0 {
 		var exists bool
 		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", cfg.Publication).Scan(&exists); err != nil {
 			return fmt.Errorf("look up publication %q: %w", cfg.Publication, err)
@@ -375,8 +419,19 @@ func (w *catalogWriter) pass(ctx context.Context, conn *pgx.Conn) error {
 			return fmt.Errorf("publication %q does not exist; fix: CREATE PUBLICATION %s FOR TABLE …, or run with the --publication that exists", cfg.Publication, pgx.Identifier{cfg.Publication}.Sanitize())
 		}
 	}
-	now := map[journal.Table]bool{}
-	for _, tbl := range tables {
+	first := w.seen == nil
+	if first {
+		w.seen = map[journal.Table]string{}
+	}
+	setChanged := first || len(w.seen) != len(prints)
+	for _, tbl := range order {
+		old, had := w.seen[tbl]
+		if !had {
+			setChanged = true
+		}
+		if had && old == prints[tbl] {
+			continue
+		}
 		t, err := loadSourceTable(ctx, conn, cfg.Publication, tbl.Schema, tbl.Name, cfg.TenantColumn)
 		if errors.Is(err, errNoSourceTable) || errors.Is(err, errNotPublished) {
 			continue // dropped or unpublished since listed: the next pass sees it gone
@@ -384,12 +439,12 @@ func (w *catalogWriter) pass(ctx context.Context, conn *pgx.Conn) error {
 		if err != nil {
 			return fmt.Errorf("read %s from the source's catalogs: %w", tbl.Entity(), err)
 		}
-		now[tbl] = true
 		e := t.catalogEntry(cfg.TenantColumn)
 		v, wrote, err := w.r.j.RecordCatalog(ctx, w.gen, e)
 		if err != nil {
 			return err
 		}
+		w.seen[tbl] = prints[tbl]
 		if !wrote {
 			continue
 		}
@@ -400,12 +455,20 @@ func (w *catalogWriter) pass(ctx context.Context, conn *pgx.Conn) error {
 			w.r.log.Info("a published table changed; catalog updated", "table", tbl.Entity(), "catalog_version", v)
 		}
 	}
+	if !setChanged {
+		return nil
+	}
+	for t := range w.seen {
+		if _, ok := prints[t]; !ok {
+			delete(w.seen, t)
+		}
+	}
 	known, err := w.r.j.CatalogTables(ctx)
 	if err != nil {
 		return err
 	}
 	for _, e := range known {
-		if !e.Published || now[e.Table] {
+		if _, ok := prints[e.Table]; !e.Published || ok {
 			continue
 		}
 		e.Published = false

@@ -389,7 +389,8 @@ func (r *Replicator) session(ctx context.Context, everConnected *bool) (streamed
 	// table published now is described by the time this replicator is
 	// active; the session's catalog writer keeps it current (and retries
 	// when this first pass fails).
-	if err := recordCatalog(ctx, r, gen); err != nil {
+	cats := newCatalogWriter(r, gen)
+	if err := cats.record(ctx); err != nil {
 		if errors.Is(err, journal.ErrFenced) {
 			return false, err
 		}
@@ -412,7 +413,7 @@ func (r *Replicator) session(ctx context.Context, everConnected *bool) (streamed
 	r.setRole(RoleActive, gen, nil)
 	r.log.Info("streaming", "from", start.String(), "status_interval", statusEvery)
 	began := time.Now()
-	err = r.stream(ctx, conn, gen, statusEvery)
+	err = r.stream(ctx, conn, gen, statusEvery, cats)
 	return time.Since(began) >= healthySession, err
 }
 

@@ -19,8 +19,9 @@ import (
 
 // stream runs the receive loop (this goroutine: the only one that touches
 // conn) and the journal writer (one goroutine it owns) until ctx ends or
-// either fails.
-func (r *Replicator) stream(ctx context.Context, conn *pgconn.PgConn, gen int64, statusEvery time.Duration) error {
+// either fails; cats, the session's catalog writer, runs on a goroutine it
+// owns too.
+func (r *Replicator) stream(ctx context.Context, conn *pgconn.PgConn, gen int64, statusEvery time.Duration, cats *catalogWriter) error {
 	cat := &catalogLookup{r: r, ctx: ctx}
 	defer cat.close()
 	dec := decoder.New(decoder.Config{
@@ -46,7 +47,6 @@ func (r *Replicator) stream(ctx context.Context, conn *pgconn.PgConn, gen int64,
 		snaps.runWorker(sctx)
 	}()
 	// The catalog writer too: a Relation message nudges it.
-	cats := newCatalogWriter(r, gen)
 	catsDone := make(chan struct{})
 	go func() {
 		defer close(catsDone)
