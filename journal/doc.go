@@ -2,7 +2,8 @@
 // PostgreSQL (DESIGN §5). It owns the journal schema and its migrations, the
 // group-committed append with its watermark and fencing generation, the
 // HMAC-authenticated cursors, reads by cursor with entity and tenant filters,
-// retention, and the LISTEN/NOTIFY path that tells readers about new entries.
+// retention, the LISTEN/NOTIFY path that tells readers about new entries,
+// and the catalog of published tables that scopes every reader (catalog.go).
 //
 // It imports decoder for the change and transaction types and nothing else of
 // walcast; it never imports replication or fanout, and it never logs: errors
@@ -55,4 +56,9 @@
 // may have written. Where no retained change names it, the update is
 // journaled alone (the old tenant's readers keep the row until they next
 // snapshot).
+//
+// A table whose tenant column the publication's column list leaves out
+// (CatalogEntry.TenantUnscoped) has its changes journaled as quarantine
+// entries that carry no tenant and no key: they are tenantUnknown, so they
+// too reach only AllTenants readers.
 package journal

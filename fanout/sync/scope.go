@@ -56,8 +56,9 @@ func refusedMissing(entity string) error {
 	return refused("table %s does not exist in the source database", entity)
 }
 
-// errTableChanged is a table whose live shape no longer matches its catalog
-// entry: walcast run records the change within seconds.
+// refusedChanged is the refusal of a table whose live shape no longer
+// matches its catalog entry: walcast run records the change within seconds,
+// so it is worth retrying.
 func refusedChanged(entity string) error {
 	return refused("table %s changed in the source database and the stream has not caught up with the change yet; subscribe again in a few seconds", entity)
 }
