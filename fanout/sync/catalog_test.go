@@ -292,3 +292,54 @@ func TestCatalogTenantColumnUnpublishedWhileRunning(t *testing.T) {
 		t.Errorf("socket snapshot for an unscoped reader: error %q", msg)
 	}
 }
+
+// A live table that is no longer what its newest catalog entry describes
+// is refused as retryable rather than served in a shape the stream does not
+// have; once walcast run records the table as it is, it is served again,
+// in the new shape.
+func TestCatalogLiveTableMismatchRefused(t *testing.T) {
+	env := newStateEnv(t)
+	ctx := context.Background()
+	pgtest.MustExec(t, env.src, `INSERT INTO docs VALUES (1, 'a', 'x')`)
+	docs := journal.Table{Schema: "public", Name: "docs"}
+	e, ok, err := env.j.Catalog(ctx, docs)
+	if err != nil || !ok {
+		t.Fatalf("catalog entry of public.docs: ok %v, err %v", ok, err)
+	}
+	gen, err := env.j.Generation(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An entry that describes another shape of the table (as after a
+	// change walcast run has not recorded yet).
+	stale := e
+	stale.TableShape = "not the live table's"
+	if _, wrote, err := env.j.RecordCatalog(ctx, gen, stale); err != nil || !wrote {
+		t.Fatalf("record the stale entry: wrote %v, err %v", wrote, err)
+	}
+	tok := catalogToken(t, "a", "public.docs")
+	status, _, body := httpSnapshot(t, env, "public.docs", tok)
+	if status != http.StatusUnprocessableEntity || !strings.Contains(body, "changed in the source database") || !strings.Contains(body, "in a few seconds") {
+		t.Fatalf("GET /v1/snapshot under a stale entry: %d %s", status, body)
+	}
+	if rows, msg := socketSnapshot(t, env, "public.docs", tok); len(rows) != 0 || !strings.Contains(msg, "changed in the source database") {
+		t.Fatalf("socket snapshot under a stale entry: %d rows, error %q", len(rows), msg)
+	}
+
+	// The table changes for real: walcast run records it, and the rows
+	// come with the new column.
+	pgtest.MustExec(t, env.src, `ALTER TABLE docs ADD COLUMN extra text DEFAULT 'e'`)
+	var rows []map[string]json.RawMessage
+	waitFor(t, "the snapshot served again", func() bool {
+		status, rows, _ = httpSnapshot(t, env, "public.docs", tok)
+		return status == http.StatusOK
+	})
+	if got := strings.Join(ids(t, rows), ","); got != "0,1" {
+		t.Fatalf("rows %s, want 0,1", got)
+	}
+	for _, r := range rows {
+		if !strings.Contains(string(r["after"]), `"extra":"e"`) {
+			t.Fatalf("row %s lacks the new column", r["after"])
+		}
+	}
+}
