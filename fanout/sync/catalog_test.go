@@ -4,18 +4,29 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"os"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 
+	"github.com/walcast/walcast/fanout/bus"
+	"github.com/walcast/walcast/fanout/publish"
+	"github.com/walcast/walcast/internal/natstest"
 	"github.com/walcast/walcast/internal/pgtest"
 	"github.com/walcast/walcast/journal"
+	"github.com/walcast/walcast/replication"
 )
 
 // The node in these tests is started with no publication and no tenant
@@ -291,6 +302,9 @@ func TestCatalogTenantColumnUnpublishedWhileRunning(t *testing.T) {
 	if _, msg := socketSnapshot(t, env, "public.docs", catalogToken(t, "", "public.docs")); !strings.Contains(msg, "cannot be scoped to a tenant") {
 		t.Errorf("socket snapshot for an unscoped reader: error %q", msg)
 	}
+	if n := env.node.Stats().SnapshotTenantUnknown["table"]; n < 2 {
+		t.Errorf("snapshots refused as unscoped counted %d times, want at least 2", n)
+	}
 }
 
 // A live table that is no longer what its newest catalog entry describes
@@ -340,6 +354,107 @@ func TestCatalogLiveTableMismatchRefused(t *testing.T) {
 	for _, r := range rows {
 		if !strings.Contains(string(r["after"]), `"extra":"e"`) {
 			t.Fatalf("row %s lacks the new column", r["after"])
+		}
+	}
+}
+
+// asciiStateEnv is the pipeline over a source in a SQL_ASCII database
+// (where text holds any bytes, so a tenant value can be one the journal
+// cannot store) with the journal in an ordinary database.
+func asciiStateEnv(t *testing.T, setup ...string) *stateEnv {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	c := pgtest.Shared(t)
+	name := fmt.Sprintf("ascii_%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
+	if err := c.Exec(ctx, "postgres", "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+
+		" ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"); err != nil {
+		t.Fatal(err)
+	}
+	src := c.URL(name)
+	pgtest.MustExec(t, src, append([]string{
+		`CREATE TABLE docs (id int PRIMARY KEY, tenant text, val text)`,
+		`CREATE TABLE beat (id serial PRIMARY KEY)`,
+		`CREATE PUBLICATION pub FOR TABLE docs, beat`,
+	}, setup...)...)
+	jurl := pgtest.NewDatabase(t)
+	j, err := journal.Open(ctx, journal.Config{URL: jurl, CursorSecret: syncTestSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := natstest.Start(t)
+	pubConn, err := nats.Connect(ns.URL(), nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	r, err := replication.New(replication.Config{DatabaseURL: src, Publication: "pub", Slot: stateSlot(t), TenantColumn: "tenant",
+		Standby: true, StatusInterval: time.Second, BackoffBase: 50 * time.Millisecond, BackoffMax: 500 * time.Millisecond,
+		Logger: logger}, j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth, err := NewHMACAuth(syncJWTSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); _ = r.Run(ctx) }()
+	go func() { // the heartbeat: see newStateEnvWith
+		defer wg.Done()
+		conn, err := pgx.Connect(ctx, src)
+		if err != nil {
+			return
+		}
+		defer conn.Close(context.Background())
+		for ctx.Err() == nil {
+			_, _ = conn.Exec(ctx, `INSERT INTO beat DEFAULT VALUES`)
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	p := publish.New(publish.Config{}, j, pubConn)
+	go func() { defer wg.Done(); _ = p.Run(ctx) }()
+	node, err := Open(ctx, Config{NATS: bus.NATSConfig{URL: ns.URL()}, Journal: j, Auth: auth,
+		State: StateConfig{SourceURL: src, MaxConcurrent: 2}, Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(node.Handler())
+	t.Cleanup(func() {
+		srv.Close()
+		node.Close()
+		cancel()
+		wg.Wait()
+		pubConn.Close()
+		j.Close()
+		if err := c.DropDatabase(context.Background(), name); err != nil {
+			t.Error(err)
+		}
+	})
+	se := &syncEnv{t: t, url: jurl, j: j, node: node, srv: srv}
+	waitFor(t, "the first change to be journaled", func() bool {
+		pgtest.MustExec(t, src, `INSERT INTO docs VALUES (0, NULL, 'first') ON CONFLICT (id) DO UPDATE SET val = 'first'`)
+		time.Sleep(100 * time.Millisecond)
+		return node.known("public.docs")
+	})
+	return &stateEnv{syncEnv: se, src: src}
+}
+
+// A row whose tenant cannot be known (a value the journal cannot carry as
+// a tenant) is sent to no reader, tenant-scoped or not.
+func TestCatalogUnknownTenantRowWithheld(t *testing.T) {
+	env := asciiStateEnv(t)
+	pgtest.MustExec(t, env.src, `INSERT INTO docs VALUES (1, 'a', 'x'), (2, E'a\xe9', 'secret'), (3, NULL, 'z')`)
+	for _, tc := range []struct{ tenant, want string }{{"a", "0,1,3"}, {"a\u00e9", "0,3"}, {"", "0,3"}} {
+		status, rows, msg := httpSnapshot(t, env, "public.docs", catalogToken(t, tc.tenant, "public.docs"))
+		if status != http.StatusOK {
+			t.Fatalf("tenant %q: %d %s", tc.tenant, status, msg)
+		}
+		if got := strings.Join(ids(t, rows), ","); got != tc.want {
+			t.Errorf("tenant %q: rows %s, want %s", tc.tenant, got, tc.want)
 		}
 	}
 }

@@ -61,10 +61,13 @@ type Stats struct {
 	Closed, Rejected, Repairs                          map[string]int64
 	// Snapshots are by outcome (done, cancelled, failed, refused);
 	// SnapshotsRunning read now, SnapshotsQueued wait for a slot,
-	// SnapshotRows is every row frame sent; SnapshotRowsWithheld the rows
-	// never sent because their tenant could not be known (scope.go).
-	Snapshots                                                             map[string]int64
-	SnapshotsRunning, SnapshotsQueued, SnapshotRows, SnapshotRowsWithheld int64
+	// SnapshotRows is every row frame sent. SnapshotTenantUnknown counts,
+	// fail closed (scope.go), snapshots refused because their table's rows
+	// cannot be scoped ("table") and rows dropped because their tenant
+	// could not be known ("row").
+	Snapshots                                       map[string]int64
+	SnapshotsRunning, SnapshotsQueued, SnapshotRows int64
+	SnapshotTenantUnknown                           map[string]int64
 }
 
 // Stats returns a snapshot of the node's counters.
@@ -77,7 +80,7 @@ func (n *Node) Stats() Stats {
 		Snapshots: map[string]int64{}, SnapshotsQueued: st.snapshotsQueued.Load()}
 	if n.state != nil {
 		out.SnapshotsRunning, out.SnapshotRows = n.state.active.Load(), n.state.rows.Load()
-		out.SnapshotRowsWithheld = n.state.withheld.Load()
+		out.SnapshotTenantUnknown = map[string]int64{"table": n.state.unknownTables.Load(), "row": n.state.unknownRows.Load()}
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -157,8 +160,8 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 	if err != nil {
 		return nil, err
 	}
-	snapWithheld, err := meter.Int64ObservableCounter("walcast.sync.snapshot.rows_withheld",
-		metric.WithDescription("snapshot rows never sent because their tenant could not be known (fail closed)"))
+	snapUnknown, err := meter.Int64ObservableCounter("walcast.sync.snapshot.tenant_unknown",
+		metric.WithDescription("fail closed: snapshots refused because their table's rows cannot be scoped to a tenant (what=table), rows dropped because their tenant could not be known (what=row)"))
 	if err != nil {
 		return nil, err
 	}
@@ -198,9 +201,11 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 			o.ObserveInt64(snapshots, s.Snapshots[k], metric.WithAttributes(attribute.String("outcome", k)))
 		}
 		o.ObserveInt64(snapRows, s.SnapshotRows)
-		o.ObserveInt64(snapWithheld, s.SnapshotRowsWithheld)
+		for _, k := range []string{"table", "row"} {
+			o.ObserveInt64(snapUnknown, s.SnapshotTenantUnknown[k], metric.WithAttributes(attribute.String("what", k)))
+		}
 		o.ObserveInt64(snapRunning, s.SnapshotsRunning)
 		o.ObserveInt64(snapQueued, s.SnapshotsQueued)
 		return nil
-	}, open, sent, dropped, gaps, received, closed, rejected, repairs, epochs, snapshots, snapRows, snapWithheld, snapRunning, snapQueued)
+	}, open, sent, dropped, gaps, received, closed, rejected, repairs, epochs, snapshots, snapRows, snapUnknown, snapRunning, snapQueued)
 }

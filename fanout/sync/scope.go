@@ -32,17 +32,23 @@ import (
 //     same columns, or the snapshot is refused as retryable — the stream
 //     has the entry's shape, and rows of another would not fit it.
 //   - A table whose tenant column the publication leaves out cannot be
-//     scoped: it is refused, and a row whose tenant cannot be known (a
-//     value the journal could not store as a tenant) is never sent,
-//     counted in walcast.sync.snapshot.rows_withheld and logged once per
-//     window.
+//     scoped: its snapshots are refused. A row whose tenant cannot be known
+//     (a value the journal could not store as a tenant) is never sent: the
+//     scoped SELECT leaves it out, and should one reach the encoder anyway
+//     it is dropped there. Both are counted in
+//     walcast.sync.snapshot.tenant_unknown (what = table, row) and logged
+//     once per window.
 
 // scope is stateSource's link to the catalog; set by useCatalog when the
 // node opens state.
 type scope struct {
-	j        *journal.Journal
-	warn     func(key, msg string, args ...any) // Node.warnEvery
-	withheld atomic.Int64                       // rows never sent: their tenant could not be known
+	j    *journal.Journal
+	warn func(key, msg string, args ...any) // Node.warnEvery
+
+	// Fail-closed events (metrics.go): snapshots refused because their
+	// table's rows cannot be scoped, and rows dropped because their tenant
+	// could not be known.
+	unknownTables, unknownRows atomic.Int64
 }
 
 // useCatalog makes st read table scope from j's catalog and report rows it
@@ -101,6 +107,7 @@ func (st *stateSource) loadStateTable(ctx context.Context, tx pgx.Tx, schema, ta
 		return nil, refusedChanged(entity)
 	}
 	if e.TenantUnscoped {
+		st.unknownTables.Add(1)
 		st.warn("scope-unscoped:"+entity, "snapshot refused: the publication leaves the table's tenant column out, so no row's tenant can be known",
 			"table", entity, "tenant_column", e.TenantColumn, "fix", "add the tenant column to the publication's column list (walcast run's log has the SQL)")
 		return nil, refused("the rows of %s cannot be scoped to a tenant, so this node serves none of them; the operator must publish its tenant column", entity)
@@ -120,6 +127,7 @@ func (st *stateSource) loadStateTable(ctx context.Context, tx pgx.Tx, schema, ta
 	if e.TenantColumn != "" && tenantCol == "" {
 		// An entry that names a tenant column it does not publish is
 		// unscoped whatever its flag says: fail closed.
+		st.unknownTables.Add(1)
 		return nil, refused("the rows of %s cannot be scoped to a tenant, so this node serves none of them; the operator must publish its tenant column", entity)
 	}
 	from := pgx.Identifier{schema, table}.Sanitize()
@@ -147,13 +155,14 @@ func (st *stateSource) loadStateTable(ctx context.Context, tx pgx.Tx, schema, ta
 	}
 	t.enc = decoder.NewRowEncoder(schema, table, e.ColumnInfos(), e.TenantColumn)
 	// A row whose tenant the journal could not carry (not valid text) is
-	// encoded without one and never sent to a tenant (rowVisible): count
-	// it and say so once per window.
+	// encoded without one and never sent (rowVisible): count it and say so
+	// once per window. The scoped SELECT already leaves such rows out (a
+	// token's tenant is valid text); this is the second line.
 	t.enc.Guard(0, func(reason string) {
 		if reason != decoder.ReasonTenantNotUTF8 {
 			return
 		}
-		st.withheld.Add(1)
+		st.unknownRows.Add(1)
 		st.warn("scope-withheld:"+entity, "snapshot row withheld: its tenant cannot be known", "table", entity, "reason", reason,
 			"fix", "store the tenant column's values as valid UTF-8 text")
 	})
