@@ -76,7 +76,8 @@ func TestCatalogRecorded(t *testing.T) {
 // A column list altered while running to leave out the tenant column:
 // the table's changes are quarantined with no tenant and no key (journaled
 // tenant-unknown, so no tenant-scoped or unscoped reader gets them), the
-// catalog says the table is unscoped, and the other tables stream on.
+// catalog says the table is unscoped, its snapshots are refused with the
+// fix, and the other tables stream on.
 func TestCatalogUnscopedWhileRunning(t *testing.T) {
 	f := newFixture(t,
 		`CREATE TABLE docs (id int PRIMARY KEY, org text, body text)`,
@@ -122,4 +123,15 @@ func TestCatalogUnscopedWhileRunning(t *testing.T) {
 		e, _ := catalogOf(t, f, "docs")
 		return e.TenantUnscoped && e.TenantColumn == "org"
 	})
+	// A snapshot walcast run would take of it is refused likewise: its
+	// read entries could not be scoped either.
+	id, err := f.j.RequestSnapshot(context.Background(), journal.SnapshotRequest{Schema: "public", Table: "docs"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := waitSnapshot(t, f, id, 30*time.Second)
+	if s.Status != journal.SnapshotFailed || !strings.Contains(s.Error, "leaves it out of its column list") ||
+		!strings.Contains(s.Error, `ALTER PUBLICATION "pub" DROP TABLE "public"."docs"; ALTER PUBLICATION "pub" ADD TABLE "public"."docs" ("id", "body", "org");`) {
+		t.Fatalf("snapshot of the unscoped table: %s %q, want failed with the fix", s.Status, s.Error)
+	}
 }
