@@ -439,6 +439,12 @@ func (w *catalogWriter) pass(ctx context.Context, conn *pgx.Conn) error {
 		if err != nil {
 			return fmt.Errorf("read %s from the source's catalogs: %w", tbl.Entity(), err)
 		}
+		if w.r.skipRelations[t.relid] {
+			// The journal's own tables are never data (DESIGN §4.10): no
+			// reader may see them, whatever the publication says.
+			w.seen[tbl] = prints[tbl]
+			continue
+		}
 		e := t.catalogEntry(cfg.TenantColumn)
 		v, wrote, err := w.r.j.RecordCatalog(ctx, w.gen, e)
 		if err != nil {
