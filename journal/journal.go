@@ -379,6 +379,10 @@ COMMENT ON COLUMN %[1]s.published.stream IS 'JetStream mode: the stream (name@cr
 COMMENT ON COLUMN %[1]s.published.stream_seq IS 'JetStream mode: the stream''s last sequence when it held every entry up to seq and none after; with no other writer the stream stores entry seq+k at stream_seq+k';
 COMMENT ON COLUMN %[1]s.published.epoch IS 'JetStream mode: the journal epoch of the entries the publisher read when it saved the position';
 `,
+	7: `
+ALTER TABLE %[1]s.entries ADD COLUMN xid8 bigint;
+COMMENT ON COLUMN %[1]s.entries.xid8 IS 'the source transaction''s full 64-bit id (xid8; xid holds the 32 bits pgoutput and the envelope carry); 0 for an entry of no transaction (xid 0); NULL when unknown (entries journaled before this column existed): sync nodes compare them by xid alone, as before';
+`,
 }
 
 // advisoryClass is the first key of the migration advisory lock ("walc").
