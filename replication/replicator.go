@@ -223,6 +223,9 @@ type Replicator struct {
 	// (nil when the journal lives elsewhere); set by session before the
 	// stream starts, read by the stream of that session.
 	skipRelations map[uint32]bool
+	// xids widens journaled xids to 64 bits (xid.go); set by session
+	// before the stream starts, used by that session's writer.
+	xids *xidClock
 
 	mu    sync.Mutex // guards the following fields
 	state State
@@ -392,6 +395,11 @@ func (r *Replicator) session(ctx context.Context, everConnected *bool) (streamed
 	r.watermark.Store(uint64(start))
 	statusEvery, err := r.statusInterval(ctx, conn)
 	if err != nil {
+		return false, err
+	}
+	r.xids = &xidClock{r: r}
+	defer r.xids.close()
+	if err := r.xids.anchor(ctx, conn); err != nil {
 		return false, err
 	}
 	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, pglogrepl.LSN(start),
