@@ -224,7 +224,8 @@ type Replicator struct {
 	// stream starts, read by the stream of that session.
 	skipRelations map[uint32]bool
 	// xids widens journaled xids to 64 bits (xid.go); set by session
-	// before the stream starts, used by that session's writer.
+	// before the stream starts (session owns its refresh goroutine), read
+	// by that session's writer.
 	xids *xidClock
 
 	mu    sync.Mutex // guards the following fields
@@ -398,7 +399,6 @@ func (r *Replicator) session(ctx context.Context, everConnected *bool) (streamed
 		return false, err
 	}
 	r.xids = &xidClock{r: r}
-	defer r.xids.close()
 	if err := r.xids.anchor(ctx, conn); err != nil {
 		return false, err
 	}
@@ -410,7 +410,15 @@ func (r *Replicator) session(ctx context.Context, everConnected *bool) (streamed
 	r.setRole(RoleActive, gen, nil)
 	r.log.Info("streaming", "from", start.String(), "status_interval", statusEvery)
 	began := time.Now()
+	xctx, stopXids := context.WithCancel(ctx)
+	xidsDone := make(chan struct{})
+	go func() {
+		defer close(xidsDone)
+		r.xids.run(xctx)
+	}()
 	err = r.stream(ctx, conn, gen, statusEvery)
+	stopXids()
+	<-xidsDone
 	return time.Since(began) >= healthySession, err
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -18,8 +19,8 @@ import (
 // then changes"). The writer widens each transaction's xid just before
 // journaling it, against a reference R: the xmax of pg_current_snapshot()
 // on the source (one past the newest completed transaction), read at the
-// start of every session and again whenever it is older than
-// xidRefreshEvery. The widened xid is the one of the 2^32 candidates in
+// start of every session and then every xidRefreshEvery while it streams.
+// The widened xid is the one of the 2^32 candidates in
 // [R - 2^31, R + 2^31).
 //
 // Why that is the transaction's xid X. Let N be the source's next xid now.
@@ -40,12 +41,13 @@ import (
 //
 // An entry of no transaction (xid 0: a non-transactional message) keeps 0.
 const (
-	// xidRefreshEvery is how old R may be before the writer reads it
-	// again (one short query on a connection of its own).
+	// xidRefreshEvery is how often R is read again (one short query on a
+	// connection of its own).
 	xidRefreshEvery = 2 * time.Second
 	// xidMaxAge is how old R may be at all: when it cannot be read again
-	// for this long, the session ends (and the next one reads it on its
-	// replication connection) rather than widen against a stale value.
+	// for this long, the next append fails and ends the session (the next
+	// one reads R on its replication connection) rather than widen against
+	// a stale value.
 	xidMaxAge = time.Minute
 	// xidQueryTimeout bounds one read of R, the connect included.
 	xidQueryTimeout = 5 * time.Second
@@ -69,14 +71,18 @@ func widenXid(x uint32, ref uint64) uint64 {
 	return ref - behind
 }
 
-// xidClock holds R for one session. It is used by the session's journal
-// writer only (and by the session before the stream starts).
+// xidClock holds R for one session: read on the session's replication
+// connection before the stream starts (anchor), then every xidRefreshEvery
+// by run, on a connection of its own, while the session streams; the
+// session's journal writer reads it (widen) and never waits for the source.
 type xidClock struct {
-	r      *Replicator
-	ref    uint64    // R
-	at     time.Time // when ref was read
-	conn   *pgconn.PgConn
-	failed bool // a refresh failed since the last one that succeeded (logged once)
+	r *Replicator
+
+	mu  sync.Mutex // guards the following fields
+	ref uint64     // R
+	at  time.Time  // when ref was read
+
+	conn *pgconn.PgConn // owned by run
 }
 
 // readXmax reads pg_current_snapshot()'s xmax on conn with the simple
@@ -96,6 +102,20 @@ func readXmax(ctx context.Context, conn *pgconn.PgConn) (uint64, error) {
 	return v, nil
 }
 
+// set records a fresh R.
+func (c *xidClock) set(ref uint64) {
+	c.mu.Lock()
+	c.ref, c.at = ref, time.Now()
+	c.mu.Unlock()
+}
+
+// read returns R and when it was read.
+func (c *xidClock) read() (uint64, time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ref, c.at
+}
+
 // anchor reads R on the session's replication connection, before
 // START_REPLICATION: it works wherever the stream does.
 func (c *xidClock) anchor(ctx context.Context, repl *pgconn.PgConn) error {
@@ -103,38 +123,57 @@ func (c *xidClock) anchor(ctx context.Context, repl *pgconn.PgConn) error {
 	if err != nil {
 		return fmt.Errorf("read the source's transaction id: %w", err)
 	}
-	c.ref, c.at = ref, time.Now()
+	c.set(ref)
 	return nil
 }
 
-// widen sets the Xid8 of every transaction in txs, reading R again first
-// when it is older than xidRefreshEvery. It fails only when R is older than
-// xidMaxAge and cannot be read.
-func (c *xidClock) widen(ctx context.Context, txs []*decoder.Transaction) error {
+// widen sets the Xid8 of every transaction in txs. It fails when R is
+// older than xidMaxAge (run could not read it for that long).
+func (c *xidClock) widen(txs []*decoder.Transaction) error {
 	if len(txs) == 0 {
 		return nil
 	}
-	if age := time.Since(c.at); age >= xidRefreshEvery {
-		if err := c.refresh(ctx); err != nil {
-			if ctx.Err() == nil && age < xidMaxAge {
-				if !c.failed {
-					c.failed = true
-					c.r.log.Warn("cannot read the source's transaction id counter; widening xids against the value read before", "age", age.Round(time.Second), "cause", err,
-						"fix", "let walcast's role open connections to the source database (pg_hba.conf)")
-				}
-			} else {
-				return fmt.Errorf("the source's transaction id counter was last read %s ago (at most %s: older, 64-bit xids could be wrong): %w", age.Round(time.Second), xidMaxAge, err)
-			}
-		}
+	ref, at := c.read()
+	if age := time.Since(at); age > xidMaxAge {
+		return fmt.Errorf("the source's transaction id counter was last read %s ago, more than %s: 64-bit xids widened against it could be wrong (fix: let walcast's role open connections to the source database, see pg_hba.conf)",
+			age.Round(time.Second), xidMaxAge)
 	}
 	for _, tx := range txs {
-		tx.Xid8 = widenXid(tx.Xid, c.ref)
+		tx.Xid8 = widenXid(tx.Xid, ref)
 	}
 	return nil
 }
 
-// refresh reads R on the clock's own connection: an ordinary one, or, for
-// a source that takes only replication connections, a walsender.
+// run reads R every xidRefreshEvery until ctx ends, on a connection of its
+// own: an ordinary one or, for a source that takes only replication
+// connections, a walsender. A failure is logged once, with the next success.
+func (c *xidClock) run(ctx context.Context) {
+	defer c.close()
+	t := time.NewTicker(xidRefreshEvery)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := c.refresh(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil && !failing:
+			failing = true
+			_, at := c.read()
+			c.r.log.Warn("cannot read the source's transaction id counter; xids are widened against the value read before, for at most "+xidMaxAge.String(),
+				"age", time.Since(at).Round(time.Second), "cause", err)
+		case err == nil && failing:
+			failing = false
+			c.r.log.Info("reading the source's transaction id counter again")
+		}
+	}
+}
+
 func (c *xidClock) refresh(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, xidQueryTimeout)
 	defer cancel()
@@ -150,11 +189,7 @@ func (c *xidClock) refresh(ctx context.Context) error {
 		c.close()
 		return err
 	}
-	if c.failed {
-		c.failed = false
-		c.r.log.Info("reading the source's transaction id counter again")
-	}
-	c.ref, c.at = ref, time.Now()
+	c.set(ref)
 	return nil
 }
 
@@ -173,7 +208,7 @@ func (c *xidClock) open(ctx context.Context) (*pgconn.PgConn, error) {
 	return nil, ClassifyConnectError("source database (transaction id connection)", err)
 }
 
-// close closes the clock's connection, if any.
+// close closes run's connection, if any.
 func (c *xidClock) close() {
 	if c.conn == nil {
 		return

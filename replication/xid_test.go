@@ -76,6 +76,9 @@ func TestJournalsFullXidsAcrossAnEpoch(t *testing.T) {
 		write(id)
 	}
 	time.Sleep(xidRefreshEvery + 500*time.Millisecond)
+	if _, at := run.r.xids.read(); time.Since(at) > xidRefreshEvery+100*time.Millisecond {
+		t.Fatalf("the reference was read %s ago, not again every %s", time.Since(at), xidRefreshEvery)
+	}
 	for id := 30; id < 60; id++ {
 		write(id)
 	}
@@ -134,5 +137,34 @@ func TestJournalsFullXidsAcrossAnEpoch(t *testing.T) {
 	pgtest.MustQueryRow(t, f.url, "SELECT pg_current_xact_id()::text::int8", nil, &next)
 	if next < 1<<32 {
 		t.Fatalf("the source's xid counter is at %d, still in epoch 0", next)
+	}
+}
+
+// The writer widens against the reference read before while no fresh one
+// can be read, for at most xidMaxAge: past that the append fails (and the
+// session with it) rather than widen against a stale value. A refresh that
+// cannot reach the source leaves the reference as it was.
+func TestXidClockStaleReference(t *testing.T) {
+	f := &fixture{t: t}
+	r, err := New(Config{DatabaseURL: "postgres://walcast@127.0.0.1:1/none?sslmode=disable&connect_timeout=1", Publication: "pub", Slot: "walcast",
+		Logger: f.config().Logger}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ref = 9<<32 | 1<<31
+	c := &xidClock{r: r, ref: ref, at: time.Now().Add(-xidMaxAge / 2)}
+	if err := c.refresh(t.Context()); err == nil {
+		t.Fatal("a refresh from an unreachable source succeeded")
+	}
+	tx := decoder.NewTransaction(1<<31-5, 1, 2, time.Now(), nil)
+	if err := c.widen([]*decoder.Transaction{tx}); err != nil {
+		t.Fatalf("a reference %s old: %v", xidMaxAge/2, err)
+	}
+	if tx.Xid8 != ref-5 {
+		t.Fatalf("widened to %d, want %d", tx.Xid8, uint64(ref-5))
+	}
+	c.at = time.Now().Add(-xidMaxAge - time.Second)
+	if err := c.widen([]*decoder.Transaction{tx}); err == nil {
+		t.Fatalf("a reference older than %s was used", xidMaxAge)
 	}
 }
