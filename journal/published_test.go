@@ -57,7 +57,8 @@ func TestPublishedStreamMigration(t *testing.T) {
 	// Back to version 5, with a position saved.
 	for _, s := range []string{
 		`ALTER TABLE walcast.published DROP COLUMN epoch, DROP COLUMN stream, DROP COLUMN stream_seq`,
-		`DELETE FROM walcast.migrations WHERE version = 6`,
+		`ALTER TABLE walcast.entries DROP COLUMN xid8`,
+		`DELETE FROM walcast.migrations WHERE version >= 6`,
 		`UPDATE walcast.published SET seq = 42`,
 	} {
 		if _, err := conn.Exec(ctx, s); err != nil {

@@ -113,3 +113,24 @@ func TestFirstSeqInvisibleFullXids(t *testing.T) {
 		t.Errorf("without xid8: first %d (found %v, %v), want %d, in xip by its 32 bits", first, found, err, s+3)
 	}
 }
+
+// A journal of the schema before xid8 gains the column on open: the
+// entries it held have no full xid (HasXid8 false), the ones appended after
+// have theirs.
+func TestXid8Migration(t *testing.T) {
+	j, gen, url := newJournal(t)
+	ctx := testCtx(t)
+	mustAppend(t, j, gen, mkTx8(3<<32|10, 0x100, ins("public.a", 1)))
+	// Back to version 6.
+	pgtest.MustExec(t, url, `ALTER TABLE walcast.entries DROP COLUMN xid8`, `DELETE FROM walcast.migrations WHERE version >= 7`)
+	j2 := openAt(t, url)
+	gen2, err := j2.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustAppend(t, j2, gen2, mkTx8(3<<32|11, 0x200, ins("public.a", 2)))
+	got := mustRead(t, j2, Query{Entities: []string{"public.a"}, FromOldest: true}).Changes
+	if len(got) != 2 || got[0].HasXid8 || !got[1].HasXid8 || got[1].Xid8 != 3<<32|11 {
+		t.Fatalf("after the migration: %+v", got)
+	}
+}
