@@ -26,10 +26,11 @@ import (
 // Why that is the transaction's xid X. Let N be the source's next xid now.
 //
 //   - X > N - 2^31. The transaction is not yet journaled, so the slot has
-//     not confirmed its commit, and the slot's catalog_xmin is at most X
-//     (it is the oldest xid still running at a point the slot may restart
-//     decoding from, which precedes X's commit; a transaction that started
-//     later has a larger xid). catalog_xmin holds back the freezing of the
+//     not confirmed its commit (status updates carry the journal's
+//     watermark), and the slot's catalog_xmin is at most X: it is the
+//     oldest xid still running at a point the slot may restart decoding
+//     from, which precedes X's commit, so X was either running there or
+//     assigned after it. catalog_xmin holds back the freezing of the
 //     catalogs, so the database's datfrozenxid is at most X too, and
 //     PostgreSQL assigns no xid 2^31 or more past datfrozenxid (the
 //     wraparound limit stops it before, at about 2^31 - 3 million).
