@@ -261,7 +261,11 @@ type TruncateInfo struct {
 // than in memory; read them with Changes and release the transaction with
 // Close once it has been journaled (or discarded).
 type Transaction struct {
-	Xid        uint32
+	Xid uint32 // the xid pgoutput sends: the low 32 bits of Xid8
+	// Xid8 is the transaction's full 64-bit id (PostgreSQL's xid8, epoch<<32
+	// | Xid), which pgoutput does not send: the replicator sets it before
+	// the transaction is journaled. 0 when not known.
+	Xid8       uint64
 	CommitLSN  LSN // LSN of the commit record
 	EndLSN     LSN // end of the commit record: the position acknowledged once journaled
 	CommitTime time.Time

@@ -399,6 +399,10 @@ CREATE TABLE %[1]s.catalog (
 );
 COMMENT ON TABLE %[1]s.catalog IS 'walcast catalog: per published table, what readers may see of it (published columns with types, nullability and key flags, replica identity, tenant column, row filter), one row per version as walcast run noticed it change; the newest version is the truth, older ones are kept up to a bound (journal/catalog.go)';
 `,
+	8: `
+ALTER TABLE %[1]s.entries ADD COLUMN xid8 bigint;
+COMMENT ON COLUMN %[1]s.entries.xid8 IS 'the source transaction''s full 64-bit id (xid8; xid holds the 32 bits pgoutput and the envelope carry); 0 for an entry of no transaction (xid 0); NULL when unknown (entries journaled before this column existed): sync nodes compare them by xid alone, as before';
+`,
 }
 
 // advisoryClass is the first key of the migration advisory lock ("walc").

@@ -79,6 +79,12 @@ type Entry struct {
 	LSN           decoder.LSN
 	CommitLSN     decoder.LSN
 	CommitTime    time.Time
+	// Xid8 is the source transaction's 64-bit id (the envelope's "xid" is
+	// its low 32 bits), 0 for an entry of no transaction, when HasXid8.
+	// HasXid8 is false for an entry journaled before the journal recorded
+	// full ids, and in what ReadAfter returns. Set by Changes and EntryAt.
+	Xid8    uint64
+	HasXid8 bool
 	// Envelope is the complete envelope JSON (DESIGN §3), byte for byte as
 	// stored and published. The caller owns it, except in what ReadAfter
 	// returns: there it may be shared with other readers (the recent log,
@@ -281,7 +287,7 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, epoch
 	// first whose predecessors reach it: before_bytes >= $5) that only tells
 	// the caller the read was cut; its row is dropped.
 	sql := `SELECT b.horizon, b.floor, b.resync_seq, b.epoch, b.start,
-		e.seq, e.entity, e.entity_seq, e.tenant, e.tenant_unknown, e.op, e.lsn, e.commit_lsn, e.commit_time, e.envelope, e.before_bytes
+		e.seq, e.entity, e.entity_seq, e.tenant, e.tenant_unknown, e.op, e.lsn, e.commit_lsn, e.commit_time, e.envelope, e.before_bytes, e.xid8
 	FROM (SELECT m.next_seq - 1 AS horizon, r.floor, m.resync_seq, m.epoch,
 			coalesce($1::bigint, CASE WHEN $2::boolean THEN greatest(r.floor - 1, m.resync_seq) ELSE m.next_seq - 1 END) AS start
 		FROM ` + j.sql.meta + ` m, ` + j.sql.retention + ` r LIMIT 1) b
@@ -317,10 +323,12 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, epoch
 	for rows.Next() {
 		var c entryCols
 		var before *int64
-		if err := rows.Scan(append(append([]any{&out.horizon, &out.floor, &out.resyncSeq, &out.epoch, &out.start}, c.dest()...), &before)...); err != nil {
+		var x8 pgtype.Int8
+		if err := rows.Scan(append(append([]any{&out.horizon, &out.floor, &out.resyncSeq, &out.epoch, &out.start}, c.dest()...), &before, &x8)...); err != nil {
 			return readRows{}, err
 		}
 		e, ok := c.entry()
+		e.Xid8, e.HasXid8 = uint64(x8.Int64), x8.Valid
 		switch {
 		case !ok:
 		case *before >= int64(maxBytes) || len(out.entries) == limit:

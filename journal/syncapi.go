@@ -85,10 +85,11 @@ func (j *Journal) EntryAt(ctx context.Context, seq int64) (Entry, error) {
 		opv       string
 		lsn, clsn int64
 		envelope  string
+		x8        *int64
 	)
-	err := j.queryRow(ctx, `SELECT seq, entity, entity_seq, tenant, tenant_unknown, op, lsn, commit_lsn, commit_time, envelope
+	err := j.queryRow(ctx, `SELECT seq, entity, entity_seq, tenant, tenant_unknown, op, lsn, commit_lsn, commit_time, envelope, xid8
 		FROM `+j.sql.entries+` WHERE seq = $1`, []any{seq},
-		&e.Seq, &e.Entity, &e.EntitySeq, &tenant, &e.TenantUnknown, &opv, &lsn, &clsn, &e.CommitTime, &envelope)
+		&e.Seq, &e.Entity, &e.EntitySeq, &tenant, &e.TenantUnknown, &opv, &lsn, &clsn, &e.CommitTime, &envelope, &x8)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Entry{}, opErr(op, ErrNoEntry, "")
 	}
@@ -97,6 +98,9 @@ func (j *Journal) EntryAt(ctx context.Context, seq int64) (Entry, error) {
 	}
 	if tenant != nil {
 		e.Tenant, e.HasTenant = *tenant, true
+	}
+	if x8 != nil {
+		e.Xid8, e.HasXid8 = uint64(*x8), true
 	}
 	e.Op, e.LSN, e.CommitLSN, e.Envelope = decoder.Op(opv), decoder.LSN(lsn), decoder.LSN(clsn), []byte(envelope)
 	return e, nil

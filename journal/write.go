@@ -48,7 +48,7 @@ var ErrUnencodable = errors.New("change cannot be journaled as-is")
 
 // entryColumns is the COPY column order; copySource.encode follows it.
 var entryColumns = []string{"seq", "entity", "entity_seq", "tenant", "tenant_unknown", "op",
-	"key_hash", "key", "lsn", "commit_lsn", "xid", "commit_time", "size", "envelope"}
+	"key_hash", "key", "lsn", "commit_lsn", "xid", "commit_time", "size", "envelope", "xid8"}
 
 // entityState is the journal's per-entity bookkeeping (table entity_seqs).
 type entityState struct {
@@ -745,10 +745,28 @@ func (s *copySource) row(c *decoder.Change, seq int64, st entityState, op decode
 	b = binary.BigEndian.AppendUint32(b, 4)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(e)))
 	b = appendText(b, e, true)
+	if x, ok := xid8(t); ok {
+		b = appendInt8(b, x)
+	} else {
+		b = binary.BigEndian.AppendUint32(b, math.MaxUint32) // NULL: unknown
+	}
 	s.buf = b
 	if s.keep != nil {
 		s.keep.add(rowEntry(c, t, seq, st.seq, op, tenant, hasTenant, unknown), e)
 	}
+}
+
+// xid8 is the entries.xid8 value of t's rows: its 64-bit xid, 0 for an
+// entry of no transaction (xid 0), and false (NULL) when the full xid is
+// not known or does not extend the 32-bit one.
+func xid8(t *decoder.Transaction) (int64, bool) {
+	switch {
+	case t.Xid == 0:
+		return 0, true
+	case t.Xid8 == 0 || uint32(t.Xid8) != t.Xid || t.Xid8 > math.MaxInt64:
+		return 0, false
+	}
+	return int64(t.Xid8), true
 }
 
 func appendInt8(b []byte, v int64) []byte {

@@ -3,29 +3,45 @@ package journal
 import (
 	"context"
 	"fmt"
+	"math"
 )
 
 // FirstSeqInvisible returns the lowest seq in (from, to] of an entry whose
-// source transaction a snapshot with in-progress list xip and xmax (32-bit,
-// as envelopes carry xids) does not see: an xid of xip, or one at or past
-// xmax (within 2^31 of it, modulo 2^32: the wraparound limit keeps the
-// transactions of a journal's recent entries within it), and whether there
-// is one; and the lowest position a read may start from (the retained
-// floor, or the newest resync entry: what lies before it is another
-// history). It reads the seq range through the primary key and never an
-// envelope. A sync node uses it to start a state snapshot's catch-up before
-// the first entry of a transaction its source snapshot could not see yet
-// (docs/sync.md, "State, then changes").
-func (j *Journal) FirstSeqInvisible(ctx context.Context, from, to int64, xip []uint32, xmax uint32) (first int64, found bool, readFrom int64, err error) {
-	ids := make([]int64, len(xip))
-	for i, x := range xip {
-		ids[i] = int64(x)
+// source transaction a snapshot with in-progress list xip and xmax (64-bit
+// xids, as pg_current_snapshot() gives them) does not see, and whether
+// there is one; and the lowest position a read may start from (the
+// retained floor, or the newest resync entry: what lies before it is
+// another history). It reads the seq range through the primary key and
+// never an envelope. A sync node uses it to start a state snapshot's
+// catch-up before the first entry of a transaction its source snapshot
+// could not see yet (docs/sync.md, "State, then changes").
+//
+// An entry with a full xid (xid8) is invisible when that xid is in xip or
+// at or past xmax, exactly as pg_visible_in_snapshot decides for a
+// committed transaction. An entry journaled before full xids were recorded
+// (xid8 NULL) has only the 32 bits of its envelope; it counts as invisible
+// when they equal the low 32 bits of an xid in xip, or lie in the 2^31
+// xids from xmax on, modulo 2^32: right while its transaction is less than
+// 2^31 xids older than xmax, the rule before xid8 existed.
+func (j *Journal) FirstSeqInvisible(ctx context.Context, from, to int64, xip []uint64, xmax uint64) (first int64, found bool, readFrom int64, err error) {
+	full := make([]int64, 0, len(xip))
+	low := make([]int64, 0, len(xip))
+	for _, x := range xip {
+		if x <= math.MaxInt64 {
+			full = append(full, int64(x))
+		}
+		low = append(low, int64(uint32(x)))
+	}
+	top := int64(math.MaxInt64)
+	if xmax <= math.MaxInt64 {
+		top = int64(xmax)
 	}
 	var min *int64
 	err = j.queryRow(ctx, `SELECT (SELECT min(seq) FROM `+j.sql.entries+` WHERE seq > $1 AND seq <= $2
-		AND (xid = ANY($3) OR ((xid - $4) % 4294967296 + 4294967296) % 4294967296 < 2147483648)),
+		AND CASE WHEN xid8 IS NOT NULL THEN xid8 = ANY($3) OR xid8 >= $4
+			ELSE xid = ANY($5) OR ((xid - $6) % 4294967296 + 4294967296) % 4294967296 < 2147483648 END),
 		(SELECT greatest(r.floor - 1, m.resync_seq) FROM `+j.sql.meta+` m, `+j.sql.retention+` r)`,
-		[]any{from, to, ids, int64(xmax)}, &min, &readFrom)
+		[]any{from, to, full, top, low, int64(uint32(xmax))}, &min, &readFrom)
 	if err != nil {
 		return 0, false, 0, opErr("journal.FirstSeqInvisible", fmt.Errorf("seqs %d to %d: %w", from+1, to, err), "")
 	}

@@ -223,6 +223,10 @@ type Replicator struct {
 	// (nil when the journal lives elsewhere); set by session before the
 	// stream starts, read by the stream of that session.
 	skipRelations map[uint32]bool
+	// xids widens journaled xids to 64 bits (xid.go); set by session
+	// before the stream starts (session owns its refresh goroutine), read
+	// by that session's writer.
+	xids *xidClock
 
 	mu    sync.Mutex // guards the following fields
 	state State
@@ -405,6 +409,10 @@ func (r *Replicator) session(ctx context.Context, everConnected *bool) (streamed
 	if err != nil {
 		return false, err
 	}
+	r.xids = &xidClock{r: r}
+	if err := r.xids.anchor(ctx, conn); err != nil {
+		return false, err
+	}
 	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, pglogrepl.LSN(start),
 		pglogrepl.StartReplicationOptions{PluginArgs: pluginArgs(r.cfg.Publication)})
 	if err != nil {
@@ -413,7 +421,15 @@ func (r *Replicator) session(ctx context.Context, everConnected *bool) (streamed
 	r.setRole(RoleActive, gen, nil)
 	r.log.Info("streaming", "from", start.String(), "status_interval", statusEvery)
 	began := time.Now()
+	xctx, stopXids := context.WithCancel(ctx)
+	xidsDone := make(chan struct{})
+	go func() {
+		defer close(xidsDone)
+		r.xids.run(xctx)
+	}()
 	err = r.stream(ctx, conn, gen, statusEvery, cats)
+	stopXids()
+	<-xidsDone
 	return time.Since(began) >= healthySession, err
 }
 

@@ -492,6 +492,9 @@ func (r *Replicator) appendBatch(ctx context.Context, gen int64, batch []queueIt
 			adv = it.advance
 		}
 	}
+	if err := r.xids.widen(txs); err != nil {
+		return journal.AppendResult{}, err
+	}
 	prev := decoder.LSN(r.watermark.Load()) // the journal's watermark: this writer is its only appender
 	var res journal.AppendResult
 	var err error

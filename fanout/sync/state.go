@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -169,66 +168,6 @@ func (st *stateSource) connect(ctx context.Context) (*pgx.Conn, error) {
 		return nil, fmt.Errorf("cannot reach the source database (--database-url): %w (fix: check the URL, the network and the role's password; the role needs SELECT on the published tables, see deploy/postgres/setup.sql)", err)
 	}
 	return conn, nil
-}
-
-// pgSnapshot is a pg_current_snapshot() value: xmin:xmax:xip, in 64-bit
-// (epoch-qualified) transaction ids.
-type pgSnapshot struct {
-	xmin, xmax uint64
-	xip        map[uint64]struct{}
-}
-
-func parseSnapshot(s string) (pgSnapshot, error) {
-	parts := strings.Split(s, ":")
-	if len(parts) != 3 {
-		return pgSnapshot{}, fmt.Errorf("snapshot %q is not xmin:xmax:xip", s)
-	}
-	var p pgSnapshot
-	var err error
-	if p.xmin, err = strconv.ParseUint(parts[0], 10, 64); err != nil {
-		return pgSnapshot{}, fmt.Errorf("snapshot %q: %w", s, err)
-	}
-	if p.xmax, err = strconv.ParseUint(parts[1], 10, 64); err != nil {
-		return pgSnapshot{}, fmt.Errorf("snapshot %q: %w", s, err)
-	}
-	p.xip = map[uint64]struct{}{}
-	if parts[2] != "" {
-		for _, x := range strings.Split(parts[2], ",") {
-			v, err := strconv.ParseUint(x, 10, 64)
-			if err != nil {
-				return pgSnapshot{}, fmt.Errorf("snapshot %q: %w", s, err)
-			}
-			p.xip[v] = struct{}{}
-		}
-	}
-	return p, nil
-}
-
-// full widens an envelope's 32-bit xid to the 64-bit id of the same
-// transaction, taking the one nearest xmax: a transaction that is in the
-// journal committed within 2^31 transactions of any snapshot taken while it
-// is still being read (Postgres refuses to assign ids further apart, the
-// wraparound limit).
-func (p pgSnapshot) full(x uint32) uint64 {
-	behind := uint32(p.xmax) - x // how far x precedes xmax, modulo 2^32
-	if behind <= 1<<31 && uint64(behind) <= p.xmax {
-		return p.xmax - uint64(behind)
-	}
-	return p.xmax + uint64(x-uint32(p.xmax))
-}
-
-// visible reports whether the committed transaction x is visible in p (as
-// pg_visible_in_snapshot: before xmin, or before xmax and not in progress).
-func (p pgSnapshot) visible(x uint32) bool {
-	f := p.full(x)
-	switch {
-	case f >= p.xmax:
-		return false
-	case f < p.xmin:
-		return true
-	}
-	_, inProgress := p.xip[f]
-	return !inProgress
 }
 
 // stateTable is what a snapshot reads of its table.
@@ -502,7 +441,7 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 				}
 				if head.CommitLSN > walAt {
 					passed = true
-				} else if snap.visible(head.Xid) {
+				} else if snap.sees(e, head.Xid) {
 					continue // in the rows already
 				}
 				p := make([]byte, 0, len(e.Envelope)+len(tq)+28)
@@ -535,35 +474,6 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 			return 0, ctx.Err()
 		}
 	}
-}
-
-// catchUpStart is the journal position a snapshot's catch-up reads after:
-// every entry at or before it belongs to a transaction visible in snap. An
-// entry journaled by H0 (read before snap was taken) committed before snap
-// was taken, yet it is invisible when its backend had not left the proc
-// array: its xid is then in snap's xip list, or at or past snap's xmax
-// (xmax is one past the newest completed transaction, not the next xid to
-// be assigned, so such a transaction need not be listed). The start is
-// snapshotLookback before H0, or before the first such entry within
-// snapshotXidLookback, whichever is earlier, but never before the newest
-// resync entry or the retained floor.
-func catchUpStart(ctx context.Context, j *journal.Journal, h0 int64, snap pgSnapshot) (int64, error) {
-	pos := max(0, h0-snapshotLookback)
-	xip := make([]uint32, 0, len(snap.xip))
-	for x := range snap.xip {
-		xip = append(xip, uint32(x)) // envelopes carry the low 32 bits
-	}
-	first, ok, readFrom, err := j.FirstSeqInvisible(ctx, max(0, h0-snapshotXidLookback), h0, xip, uint32(snap.xmax))
-	if err != nil {
-		return 0, fmt.Errorf("journal read: %w", err)
-	}
-	if ok {
-		pos = min(pos, first-1)
-	}
-	// Never before the retained floor or the newest resync entry (a slot
-	// recreated, a new epoch): what lies before it is another history,
-	// which the rows replace.
-	return min(max(pos, readFrom), h0), nil
 }
 
 // snapshotEndPayload is {"t":"snapshot-end",…} with the cursor the changes

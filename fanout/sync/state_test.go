@@ -45,8 +45,13 @@ func newStateEnv(t *testing.T, setup ...string) *stateEnv {
 // the node's configuration before they start.
 func newStateEnvWith(t testing.TB, mod func(*replication.Config, *Config), setup ...string) *stateEnv {
 	t.Helper()
+	return newStateEnvAt(t, pgtest.NewDatabase(t), mod, setup...)
+}
+
+// newStateEnvAt is newStateEnvWith on the database at url.
+func newStateEnvAt(t testing.TB, url string, mod func(*replication.Config, *Config), setup ...string) *stateEnv {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	url := pgtest.NewDatabase(t)
 	pgtest.MustExec(t, url, append([]string{
 		`CREATE TABLE docs (id int PRIMARY KEY, tenant text, val text)`,
 		`CREATE TABLE beat (id serial PRIMARY KEY)`,

@@ -55,6 +55,10 @@ type Options struct {
 	WalLevel string
 	// Settings are extra postgresql.conf parameters; they override defaults.
 	Settings map[string]string
+	// NextXid, when non-zero, moves the new cluster's transaction id
+	// counter to this 64-bit value (epoch<<32 | xid) before the test uses
+	// it: see [Cluster.SetNextXid].
+	NextXid uint64
 }
 
 // Cluster is a PostgreSQL server owned by a test. Its methods are safe for
@@ -151,6 +155,12 @@ func NewCluster(opts Options) (*Cluster, error) {
 		}
 		if err == nil {
 			err = c.start()
+		}
+		if err == nil && opts.NextXid != 0 {
+			if err = c.SetNextXid(opts.NextXid); err != nil {
+				c.Destroy()
+				return nil, err
+			}
 		}
 		if err == nil {
 			return c, nil
@@ -358,6 +368,127 @@ func (c *Cluster) Restart(mode string) error {
 		return err
 	}
 	return c.start()
+}
+
+// SetNextXid moves the cluster's transaction id counter to next, a 64-bit
+// transaction id (xid8: epoch<<32 | xid, as pg_current_xact_id shows it),
+// so tests can run where 32-bit xids wrap and epochs change. Its low 32
+// bits must be a normal xid (3 or more). The counter continues from next
+// (the catalog updates SetNextXid makes after the restart, one transaction
+// per database, take the first few xids), whatever came before.
+//
+// It does what pg_upgrade does to a new cluster: every database is
+// frozen (VACUUM FREEZE, so no row depends on an xid the move makes look
+// like the future), the server is stopped, pg_resetwal sets the next xid,
+// its epoch and the oldest unfrozen xid (-x, -e, -u), the commit log
+// (pg_xact) segment holding the new xid is created zero-filled, as
+// pg_resetwal's documentation prescribes, and after the restart every
+// database's datfrozenxid and every table's relfrozenxid is set to the new
+// xid. WAL is reset: replication slots created before are unusable, so call
+// it before creating any.
+func (c *Cluster) SetNextXid(next uint64) error {
+	if c.external != nil {
+		return errors.New("pgtest: SetNextXid needs a harness-started server; unset " + EnvDatabaseURL)
+	}
+	low, epoch := uint32(next), uint32(next>>32)
+	if low < 3 {
+		return fmt.Errorf("pgtest: next xid %d: its low 32 bits (%d) are not a normal transaction id (3 or more)", next, low)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := c.eachDatabase(ctx, "VACUUM FREEZE"); err != nil {
+		return err
+	}
+	// Once more for the rows eachDatabase itself wrote (template0's
+	// ALLOW_CONNECTIONS set and reset).
+	if err := c.Exec(ctx, "postgres", "VACUUM FREEZE pg_catalog.pg_database"); err != nil {
+		return err
+	}
+	if err := c.stop("fast"); err != nil {
+		return err
+	}
+	x := strconv.FormatUint(uint64(low), 10)
+	cmd := exec.Command(filepath.Join(c.bindir, "pg_resetwal"), "-x", x, "-u", x, "-e", strconv.FormatUint(uint64(epoch), 10), "-D", c.datadir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	cmd.Dir = c.dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("pgtest: pg_resetwal: %w\n%s", err, out)
+	}
+	// pg_xact holds 2 bits per xid in 8 KiB pages, 32 pages a segment:
+	// segment n covers xids n<<20 to (n+1)<<20 - 1.
+	seg := filepath.Join(c.datadir, "pg_xact", fmt.Sprintf("%04X", low>>20))
+	if _, err := os.Stat(seg); errors.Is(err, os.ErrNotExist) {
+		if err := os.WriteFile(seg, make([]byte, 256<<10), 0o600); err != nil {
+			return fmt.Errorf("pgtest: %w", err)
+		}
+		if c.cred != nil {
+			if err := os.Chown(seg, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
+				return fmt.Errorf("pgtest: %w", err)
+			}
+		}
+	}
+	if err := c.start(); err != nil {
+		return err
+	}
+	// The freeze horizons recorded before the move would now lie ahead of
+	// (or 2^31 behind) the counter; start them at the new xid.
+	return c.eachDatabase(ctx, "UPDATE pg_class SET relfrozenxid = '"+x+"' WHERE relfrozenxid <> '0';"+
+		"UPDATE pg_database SET datfrozenxid = '"+x+"'")
+}
+
+// eachDatabase runs sql (simple protocol) in every database, template0
+// included (its connections are allowed for the while).
+func (c *Cluster) eachDatabase(ctx context.Context, sql string) error {
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		return fmt.Errorf("pgtest: connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, "SELECT datname, datallowconn FROM pg_database ORDER BY datname")
+	if err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	type db struct {
+		name  string
+		allow bool
+	}
+	var dbs []db
+	for rows.Next() {
+		var d db
+		if err := rows.Scan(&d.name, &d.allow); err != nil {
+			return fmt.Errorf("pgtest: %w", err)
+		}
+		dbs = append(dbs, d)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	for _, d := range dbs {
+		name := pgx.Identifier{d.name}.Sanitize()
+		if !d.allow {
+			if _, err := conn.Exec(ctx, "ALTER DATABASE "+name+" ALLOW_CONNECTIONS true"); err != nil {
+				return fmt.Errorf("pgtest: %w", err)
+			}
+		}
+		err := func() error {
+			dc, err := pgx.Connect(ctx, c.URL(d.name))
+			if err != nil {
+				return err
+			}
+			defer dc.Close(ctx)
+			_, err = dc.PgConn().Exec(ctx, sql).ReadAll()
+			return err
+		}()
+		if !d.allow {
+			if _, aerr := conn.Exec(ctx, "ALTER DATABASE "+name+" ALLOW_CONNECTIONS false"); aerr != nil && err == nil {
+				err = aerr
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("pgtest: %s in database %s: %w", sql, d.name, err)
+		}
+	}
+	return nil
 }
 
 // Destroy stops the server and removes its directory.

@@ -83,3 +83,71 @@ func TestRestartAndTerminate(t *testing.T) {
 		t.Fatal("terminated backend still answers")
 	}
 }
+
+// SetNextXid moves a cluster's xid counter, with rows written before it,
+// across 2^31 and a 32-bit wraparound (a new epoch): the rows stay visible,
+// VACUUM finds nothing amiss, and transactions get the xids asked for.
+func TestSetNextXid(t *testing.T) {
+	ctx := context.Background()
+	const below = 1<<32 - 30 // epoch 0, 30 xids before its end
+	c := Start(t, Options{NextXid: below})
+	url := c.NewDatabase(t)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	xid := func() uint64 {
+		t.Helper()
+		var x uint64
+		if err := conn.QueryRow(ctx, "SELECT pg_current_xact_id()::text::int8").Scan(&x); err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	if _, err := conn.Exec(ctx, "CREATE TABLE t (x int8 PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	var got []uint64
+	for range 40 { // each in a transaction of its own: past 2^32
+		var x uint64
+		if err := conn.QueryRow(ctx, "INSERT INTO t SELECT pg_current_xact_id()::text::int8 RETURNING x").Scan(&x); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, x)
+	}
+	if got[0] < below || got[0] >= 1<<32 || got[len(got)-1] < 1<<32 {
+		t.Fatalf("xids %v: want them to start at %d and pass 2^32", got, uint64(below))
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i] <= got[i-1] {
+			t.Fatalf("xids %v are not increasing", got)
+		}
+	}
+	conn.Close(ctx)
+
+	// Further, past 2^31 of a later epoch: the rows written before remain.
+	const far = 5<<32 | 1<<31 + 7
+	if err := c.SetNextXid(far); err != nil {
+		t.Fatal(err)
+	}
+	conn, err = pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if x := xid(); x < far || x > far+100 {
+		t.Fatalf("xid after the move: %d, want %d or a little more", x, uint64(far))
+	}
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM t").Scan(&n); err != nil || n != len(got) {
+		t.Fatalf("rows after the move: %d (%v), want %d", n, err, len(got))
+	}
+	for _, sql := range []string{"INSERT INTO t VALUES (1)", "VACUUM FREEZE t"} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s after the move: %v", sql, err)
+		}
+	}
+	if err := c.SetNextXid(2); err == nil {
+		t.Fatal("SetNextXid accepted xid 2, a special transaction id")
+	}
+}
