@@ -646,7 +646,7 @@ func (s *socket) subscribe(topic, cursor string, snapshot bool) {
 		if resync {
 			reason = "resync"
 		}
-		s.startSnapshot(m, reason, true)
+		s.startSnapshot(m, reason, false) // charged above
 	} else {
 		n.alignEpochLocked(m)
 		if m.state == memberCatchingUp {
@@ -775,7 +775,7 @@ func (s *socket) catchUp(ctx context.Context, m *member) {
 		if limit := n.cfg.MaxReplayEntries; limit > 0 && n.horizonKnown.Load() && epoch == n.epoch.Load() {
 			if h := n.horizon.Load(); h-from > limit {
 				n.stats.inc(&n.stats.repairs, "replay-too-far")
-				m.resyncLocked(n.resyncFrame(m, h), h)
+				s.cursorResyncLocked(m, n.resyncFrame(m, h), h)
 				moved := m.pos != from || m.state != memberCatchingUp
 				t.mu.Unlock()
 				if !moved {
@@ -821,7 +821,7 @@ func (s *socket) catchUp(ctx context.Context, m *member) {
 				n.pokeEpoch()
 			}
 			m.epoch = page.resyncEpoch
-			m.resyncLocked(page.resync, page.resyncPos)
+			s.cursorResyncLocked(m, page.resync, page.resyncPos)
 			t.mu.Unlock()
 			s.catchUps.release()
 			continue
@@ -881,6 +881,20 @@ func (s *socket) catchUp(ctx context.Context, m *member) {
 		m.state = memberLive
 		t.mu.Unlock()
 		return
+	}
+}
+
+// cursorResyncLocked is resyncLocked for a resync the member's own
+// position caused (found during its catch-up: a cursor pruned or too far
+// behind): a member subscribed with "snapshot":true gets a fresh snapshot
+// charged to its client, any other the resync frame f (at seq). t.mu is
+// held.
+func (s *socket) cursorResyncLocked(m *member, f *frame, seq int64) {
+	if m.snapshot && m.state != memberGone && s.startSnapshot(m, "resync", true) {
+		return
+	}
+	if s.enqueue(f, nil) {
+		m.pos = seq
 	}
 }
 

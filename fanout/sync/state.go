@@ -99,9 +99,11 @@ type StateConfig struct {
 	// would read the rows (no cursor, or one the journal can no longer
 	// serve) and each GET /v1/snapshot take one; beyond them the
 	// subscription is refused with error rate-limited (429 over HTTP).
-	// A snapshot the node starts itself for a member (answering a resync,
-	// e.g. of a cursor found pruned during its catch-up) takes one too,
-	// and waits for it rather than being refused. 0 means unlimited.
+	// A snapshot the node starts for a member because of the member's own
+	// position (its cursor found pruned, or too far behind, during its
+	// catch-up) takes one too, and waits for it rather than being
+	// refused; one it starts for an event of the topic (a truncate, a
+	// resync entry) does not. 0 means unlimited.
 	Rate  float64
 	Burst int
 }
@@ -1010,17 +1012,18 @@ func (m *member) ownsJob(j *snapJob) bool {
 }
 
 // startSnapshotLocked (re)starts m's snapshot on a goroutine the socket
-// owns: m receives nothing else until its snapshot-end. The node starts
-// it (a resync), so the snapshot waits for a token of the client's
-// snapshot budget. It reports false when the socket is closing. t.mu is
-// held.
+// owns: m receives nothing else until its snapshot-end. It reports false
+// when the socket is closing. t.mu is held. The node starts it for an
+// event of the topic (a truncate, a resync entry, an epoch change), so it
+// is not charged to the client.
 func (s *socket) startSnapshotLocked(m *member, reason string) bool {
 	return s.startSnapshot(m, reason, false)
 }
 
-// startSnapshot is startSnapshotLocked; charged says the client's budget
-// was charged already (a sub that asked for the rows).
-func (s *socket) startSnapshot(m *member, reason string, charged bool) bool {
+// startSnapshot is startSnapshotLocked; with charge the snapshot first
+// waits for a token of the client's snapshot budget (a resync the
+// member's own position caused: cursorResyncLocked).
+func (s *socket) startSnapshot(m *member, reason string, charge bool) bool {
 	if m.job != nil {
 		m.job.cancel()
 		m.job = nil
@@ -1038,7 +1041,7 @@ func (s *socket) startSnapshot(m *member, reason string, charged bool) bool {
 	go func() {
 		defer s.wg.Done()
 		defer cancel()
-		s.runSnapshot(ctx, m, j, reason, charged)
+		s.runSnapshot(ctx, m, j, reason, charge)
 	}()
 	return true
 }
@@ -1089,12 +1092,12 @@ func (n *Node) readStateAgain(ctx context.Context, q journal.Query, reason strin
 	return res, err
 }
 
-// runSnapshot reads m's snapshot (waiting for the client's budget unless
-// charged, and for the socket's and the client's snapshot slots), then
+// runSnapshot reads m's snapshot (waiting for the client's budget with
+// charge, and for the socket's and the client's snapshot slots), then
 // hands m to the ordinary catch-up path.
-func (s *socket) runSnapshot(ctx context.Context, m *member, j *snapJob, reason string, charged bool) {
+func (s *socket) runSnapshot(ctx context.Context, m *member, j *snapJob, reason string, charge bool) {
 	n := s.n
-	if !charged && !n.limits.waitSnapshotToken(ctx, s.limKey[0], s.limKey[1]) {
+	if charge && !n.limits.waitSnapshotToken(ctx, s.limKey[0], s.limKey[1]) {
 		n.snapshotEnded("cancelled", time.Time{})
 		return
 	}

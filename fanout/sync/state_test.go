@@ -69,7 +69,9 @@ func newStateEnvWith(t testing.TB, mod func(*replication.Config, *Config), setup
 		t.Fatal(err)
 	}
 	ncfg := Config{NATS: bus.NATSConfig{URL: ns.URL()}, Journal: j, Auth: auth,
-		State:  StateConfig{SourceURL: url, Publication: "pub", TenantColumn: "tenant", MaxConcurrent: 4},
+		// Every test client has one address and one subject: the
+		// per-client share (spool_test.go tests it) would serialize them.
+		State:  StateConfig{SourceURL: url, Publication: "pub", TenantColumn: "tenant", MaxConcurrent: 4, PerClient: 64},
 		Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	if mod != nil {
 		mod(&rcfg, &ncfg)
