@@ -27,8 +27,9 @@ type syncStats struct {
 	epochIgnored     atomic.Int64 // messages of another epoch ignored
 	positionsMoved   atomic.Int64 // member positions moved by publisher positions (tests)
 	// snapshotsQueued counts snapshots asked for and waiting for a slot
-	// (the socket's or the node's --max-concurrent-snapshots); the running
-	// ones and their rows are stateSource.active and .rows.
+	// (the socket's or the client's); reads waiting for one of the node's
+	// --max-concurrent-snapshots, the running ones and the rows sent are
+	// stateSource.queued, .active and .rows.
 	snapshotsQueued atomic.Int64
 	// queuedBytes is the bytes queued on every socket (the sum of their
 	// queued), for the node's memory bound.
@@ -63,8 +64,9 @@ type Stats struct {
 	EpochChanges, EpochIgnored                         int64
 	Closed, Rejected, Repairs                          map[string]int64
 	// Snapshots are by outcome (done, cancelled, failed, refused);
-	// SnapshotsRunning read now, SnapshotsQueued wait for a slot,
-	// SnapshotRows is every row frame sent.
+	// SnapshotsRunning are source reads in progress, SnapshotsQueued
+	// snapshots waiting for the socket's or the client's slot and reads
+	// waiting for a node read slot, SnapshotRows is every row frame sent.
 	Snapshots                                       map[string]int64
 	SnapshotsRunning, SnapshotsQueued, SnapshotRows int64
 	// SnapshotReads counts reads of a table from the source (each fills

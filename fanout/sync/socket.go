@@ -1147,6 +1147,7 @@ func (s *socket) write() {
 		s.mu.Lock()
 		if s.closing {
 			s.writing = false
+			s.setQueuedLocked(0) // nothing more is written
 			code, reason := s.closeCode, s.closeReason
 			broken := s.broken
 			s.mu.Unlock()

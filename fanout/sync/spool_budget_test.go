@@ -2,13 +2,18 @@ package sync
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/journal"
+	"github.com/walcast/walcast/replication"
 )
 
 // TestCatchUpFarCursorAnsweredResync: a socket subscribing with a cursor
@@ -142,4 +147,57 @@ func TestMemoryBoundRefuses(t *testing.T) {
 	ok := e.mustDial(tok)
 	ok.send(map[string]string{"t": "ping"})
 	ok.expect("pong")
+}
+
+// TestSnapshotRefusalsNameTheFix: a table whose rows would pass
+// --snapshot-spool-bytes is refused with a message naming the flag (and
+// the spool holds nothing afterwards); a table kept under an ACCESS
+// EXCLUSIVE lock through every lock attempt is refused with a message
+// saying so, and the lock holder never waited for the node.
+func TestSnapshotRefusalsNameTheFix(t *testing.T) {
+	env := newStateEnvWith(t, func(_ *replication.Config, c *Config) { c.State.SpoolBytes = 64 << 10 },
+		`INSERT INTO docs SELECT g, 'a', repeat('v', 100) FROM generate_series(1, 2000) g`)
+	snapshot := func() (int, string) {
+		req, _ := http.NewRequest("GET", env.srv.URL+"/v1/snapshot?topic=public.docs", nil)
+		req.Header.Set("Authorization", "Bearer "+stateToken(t, "a", true))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	status, body := snapshot()
+	t.Logf("past the spool bound: %d %s", status, strings.TrimSpace(lastLine(body)))
+	if !strings.Contains(body, "--snapshot-spool-bytes") || strings.Contains(lastLine(body), `"snapshot-end"`) {
+		t.Errorf("a snapshot past --snapshot-spool-bytes: %d %s; want refused naming the flag", status, lastLine(body))
+	}
+	waitFor(t, "the spool to be empty", func() bool { return env.node.Stats().SpoolBytes == 0 })
+
+	ctx := context.Background()
+	lock, err := pgx.Connect(ctx, env.src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close(ctx)
+	tx, err := lock.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `LOCK TABLE docs IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	status, body = snapshot()
+	t.Logf("under a held ACCESS EXCLUSIVE lock, after %s: %d %s", time.Since(start).Round(time.Millisecond), status, strings.TrimSpace(body))
+	if status != http.StatusUnprocessableEntity || !strings.Contains(body, "locked by another session") {
+		t.Errorf("a snapshot of a table locked throughout: %d %s; want 422 saying the table stayed locked", status, body)
+	}
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
 }

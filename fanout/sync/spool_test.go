@@ -150,15 +150,18 @@ func dialAs(t *testing.T, env *stateEnv, tok, addr string, rcvBuf int) *websocke
 }
 
 // TestSnapshotSpoolReleasesTheSource: a client reads a snapshot of a
-// 1,000,000-row table at 1 KB/s. The node reads the rows into its spool at
+// 1,000,000-row table (spoolTestRows) at 1 KB/s. The node reads the rows into its spool at
 // the database's pace and commits: while the client is still at its first
 // rows, none of the node's sessions on the source is in a transaction or
 // holds a lock on the table. A migration (ALTER TABLE … ADD COLUMN, an
 // ACCESS EXCLUSIVE lock) then completes at once, and the client still
 // gets its rows.
 func TestSnapshotSpoolReleasesTheSource(t *testing.T) {
-	const total = 1_000_000
-	env := newStateEnvWith(t, func(_ *replication.Config, c *Config) { c.sndBuf = 4096 },
+	const total = spoolTestRows
+	env := newStateEnvWith(t, func(_ *replication.Config, c *Config) {
+		c.sndBuf = 4096
+		c.State.ReadTimeout = 5 * time.Minute // a slow machine still reads it: the property is what follows the read
+	},
 		fmt.Sprintf(`INSERT INTO docs SELECT g, 'a', 'v' FROM generate_series(1, %d) g`, total),
 		`ANALYZE docs`)
 	c := dialAs(t, env, stateToken(t, "a", true), "", 4096)
@@ -166,7 +169,7 @@ func TestSnapshotSpoolReleasesTheSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := readSlowly(c, 1024)
-	waitLong(t, 2*time.Minute, "the rows to be spooled", func() bool {
+	waitLong(t, 5*time.Minute, "the rows to be spooled", func() bool {
 		s := env.node.Stats()
 		return s.SnapshotReads == 1 && s.SpoolBytes > 0 && s.SnapshotsRunning == 0
 	})
