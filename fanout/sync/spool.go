@@ -87,7 +87,7 @@ type spool struct {
 // errSpoolFull refuses a snapshot that would take the node's spool past
 // StateConfig.SpoolBytes.
 func errSpoolFull(entity string, limit int64) error {
-	return refused("the node has no room to spool the rows of %s (--snapshot-spool-bytes, %d bytes, is taken by other snapshots being read); retry later, or raise --snapshot-spool-bytes", entity, limit)
+	return refused("the rows of %s do not fit in the node's snapshot spool (--snapshot-spool-bytes, %d bytes, shared by every snapshot being read); retry later, or the operator can raise --snapshot-spool-bytes", entity, limit)
 }
 
 // add appends one row envelope, moving to a file once the memory part is
