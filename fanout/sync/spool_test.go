@@ -160,6 +160,10 @@ func TestSnapshotSpoolReleasesTheSource(t *testing.T) {
 	const total = spoolTestRows
 	env := newStateEnvWith(t, func(_ *replication.Config, c *Config) {
 		c.sndBuf = 4096
+		// A client at 1 KB/s takes minutes for one write batch and falls
+		// minutes behind: the node's write timeout and --max-lag would
+		// close it. Lifted here, so the client keeps reading throughout.
+		c.WriteTimeout, c.MaxLag = time.Hour, -1
 		c.State.ReadTimeout = 5 * time.Minute // a slow machine still reads it: the property is what follows the read
 	},
 		fmt.Sprintf(`INSERT INTO docs SELECT g, 'a', 'v' FROM generate_series(1, %d) g`, total),
@@ -289,6 +293,7 @@ func TestSnapshotSharedRead(t *testing.T) {
 func TestSnapshotFairShare(t *testing.T) {
 	env := newStateEnvWith(t, func(_ *replication.Config, c *Config) {
 		c.sndBuf = 4096
+		c.WriteTimeout, c.MaxLag = time.Hour, -1 // the slow client is not closed for not reading
 		c.State.MaxConcurrent, c.State.PerClient = 2, 1
 		c.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128")}
 	},
