@@ -201,3 +201,50 @@ func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
 }
+
+// TestCursorResnapshotCharged: a "snapshot":true subscription with a
+// cursor too far behind (MaxReplayEntries) makes the node start a
+// snapshot for it during the catch-up; that snapshot is charged to the
+// client's snapshot budget (burst 1 here): the first client's runs, the
+// same client's second waits for its budget instead of reading the source
+// again at once.
+func TestCursorResnapshotCharged(t *testing.T) {
+	env := newStateEnvWith(t, func(_ *replication.Config, c *Config) {
+		c.MaxReplayEntries = 5
+		c.State.Rate, c.State.Burst = 0.01, 1
+	})
+	ctx := context.Background()
+	cur, err := env.j.CursorAt(journal.Query{Entities: []string{"public.docs"}, Tenant: "a"}, env.node.epoch.Load(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the journal more than 5 entries long", func() bool {
+		h, err := env.j.HorizonCursor(ctx, journal.Query{Entities: []string{"public.docs"}})
+		if err != nil {
+			return false
+		}
+		pos, _ := env.j.CursorPosition(h)
+		return pos > 20 && env.node.horizon.Load() > 20
+	})
+	sub := map[string]any{"t": "sub", "topic": "public.docs", "snapshot": true, "cursor": cur}
+	first := env.mustDial(stateToken(t, "a", true))
+	first.send(sub)
+	first.until("snapshot-end")
+	second := env.mustDial(stateToken(t, "a", true))
+	second.send(sub)
+	second.until("subscribed")
+	for {
+		f, err := second.tryRead(3 * time.Second)
+		if err != nil {
+			break // nothing more: the snapshot waits for the client's budget
+		}
+		if f.T == "snapshot-begin" {
+			t.Fatalf("a second snapshot started for a stale cursor at once; want it charged to the client's spent budget")
+		}
+	}
+	s := env.node.Stats()
+	t.Logf("stale-cursor snapshots: %v, reads %d, queued %d", s.Snapshots, s.SnapshotReads, s.SnapshotsQueued)
+	if s.Snapshots["done"] != 1 {
+		t.Errorf("snapshots %v, want one done", s.Snapshots)
+	}
+}
