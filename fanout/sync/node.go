@@ -128,7 +128,8 @@ type Config struct {
 	// serves none.
 	State StateConfig
 	// MaxMemoryBytes, MaxReplayEntries: node-wide memory bound and the
-	// longest socket catch-up (limits.go). Negative disables.
+	// longest socket catch-up (limits.go). 0 means the default, negative
+	// no bound.
 	MaxMemoryBytes   int64
 	MaxReplayEntries int64
 

@@ -248,3 +248,32 @@ func TestCursorResnapshotCharged(t *testing.T) {
 		t.Errorf("snapshots %v, want one done", s.Snapshots)
 	}
 }
+
+// TestSnapshotReadTimeoutNamesTheFlag: a table that cannot be read into
+// the spool within --snapshot-read-timeout is refused with a message
+// naming the flag, and leaves no session in a transaction on the source.
+func TestSnapshotReadTimeoutNamesTheFlag(t *testing.T) {
+	env := newStateEnvWith(t, func(_ *replication.Config, c *Config) { c.State.ReadTimeout = 200 * time.Millisecond },
+		`INSERT INTO docs SELECT g, 'a', 'v' FROM generate_series(1, 300000) g`)
+	req, _ := http.NewRequest("GET", env.srv.URL+"/v1/snapshot?topic=public.docs", nil)
+	req.Header.Set("Authorization", "Bearer "+stateToken(t, "a", true))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	last := lastLine(string(b))
+	t.Logf("%d rows read in 200 ms at most: %s %s", 300000, resp.Status, last)
+	if !strings.Contains(last, "--snapshot-read-timeout") || strings.Contains(last, `"snapshot-end"`) {
+		t.Fatalf("a table too big for --snapshot-read-timeout: %s %s; want refused naming the flag", resp.Status, last)
+	}
+	waitFor(t, "no source session in a transaction", func() bool {
+		for _, s := range sourceSessions(t, env.src) {
+			if s.inTx || s.locks > 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
