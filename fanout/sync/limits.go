@@ -1,6 +1,7 @@
 package sync
 
 import (
+	"context"
 	"net"
 	"net/http"
 	"net/netip"
@@ -70,6 +71,45 @@ func (n *Node) forwardedFor(peer netip.Addr, xff []string) netip.Addr {
 	return a
 }
 
+// Node-wide bounds.
+const (
+	// DefaultMaxMemoryBytes is Config.MaxMemoryBytes' default: bytes queued
+	// on sockets plus snapshot rows spooled in memory, past which new
+	// sockets and new snapshots are refused (503 with Retry-After, or
+	// error overloaded) until some drain.
+	DefaultMaxMemoryBytes = 2 << 30
+	// DefaultMaxReplayEntries is Config.MaxReplayEntries' default: a socket
+	// catch-up that would replay more journal entries than this (counted
+	// on the whole journal, every entity) answers resync instead of
+	// scanning.
+	DefaultMaxReplayEntries = 1_000_000
+)
+
+// overloaded reports whether the node's memory (sockets' queues and
+// spools in memory) is past MaxMemoryBytes, counting the refusal under
+// what when it is.
+func (n *Node) overloaded(what string) bool {
+	max := n.cfg.MaxMemoryBytes
+	if max <= 0 {
+		return false
+	}
+	used := n.stats.queuedBytes.Load()
+	if n.state != nil {
+		used += n.state.memory.Load()
+	}
+	if used < max {
+		return false
+	}
+	n.stats.inc(&n.stats.rejected, what)
+	return true
+}
+
+// overloadedMessage is what a client refused by overloaded is told.
+const overloadedMessage = "the node is at its memory bound (--max-memory-bytes): clients are not reading what is queued for them; retry later, or connect to another node"
+
+// overloadRetry is the Retry-After of a refusal for memory.
+const overloadRetry = 5 * time.Second
+
 // subjectKey is the budget key of a token's subject.
 func subjectKey(c *Claims) string { return "sub:" + c.Subject }
 
@@ -111,7 +151,8 @@ func (b *bucket) full(now time.Time, rate float64, burst int) bool {
 // budget is what one client key has in use.
 type budget struct {
 	conns     int // open sockets (and handshakes holding a slot)
-	reads     int // /v1/changes reads in flight
+	reads     int // /v1/changes reads and socket catch-up pages in flight
+	snaps     int // snapshots in progress (StateConfig.PerClient)
 	accept    bucket
 	changes   bucket
 	snapshots bucket
@@ -123,13 +164,23 @@ type budget struct {
 type clientLimits struct {
 	cfg *Config
 
-	mu   sync.Mutex // guards the following field
+	mu   sync.Mutex // guards the following fields
 	keys map[string]*budget
+	// snapFreed is closed when a snapshot slot is given back; nil while
+	// nobody waits for one.
+	snapFreed chan struct{}
 }
 
 func (l *clientLimits) init(cfg *Config) {
 	l.cfg = cfg
 	l.keys = map[string]*budget{}
+	cfg.State.setDefaults()
+	if cfg.MaxMemoryBytes == 0 {
+		cfg.MaxMemoryBytes = DefaultMaxMemoryBytes
+	}
+	if cfg.MaxReplayEntries == 0 {
+		cfg.MaxReplayEntries = DefaultMaxReplayEntries
+	}
 	if cfg.AcceptRatePerIP > 0 && cfg.AcceptBurstPerIP <= 0 {
 		cfg.AcceptBurstPerIP = max(1, int(cfg.AcceptRatePerIP))
 	}
@@ -279,13 +330,78 @@ func (l *clientLimits) takeSnapshot(keys ...string) time.Duration {
 	return 0
 }
 
+// waitSnapshotToken takes a snapshot token of every key as takeSnapshot
+// does, waiting for them instead of refusing: a snapshot the node starts
+// for a client (a resync) is charged to it and paced by its budget. It
+// reports false when ctx ends first.
+func (l *clientLimits) waitSnapshotToken(ctx context.Context, keys ...string) bool {
+	for {
+		wait := l.takeSnapshot(keys...)
+		if wait == 0 {
+			return true
+		}
+		select {
+		case <-l.cfg.Clock.After(wait):
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// acquireSnapshotSlot waits until every key (the client's address and
+// its token's subject) has fewer than State.PerClient snapshots in
+// progress and takes one of each. It returns the func that gives them
+// back, or nil when ctx ends first.
+func (l *clientLimits) acquireSnapshotSlot(ctx context.Context, keys ...string) func() {
+	perClient := l.cfg.State.PerClient
+	for {
+		l.mu.Lock()
+		bs := make([]*budget, len(keys))
+		room := true
+		for i, k := range keys {
+			if bs[i] = l.getLocked(k); bs[i] == nil || (perClient > 0 && bs[i].snaps >= perClient) {
+				room = false
+				break
+			}
+		}
+		if room {
+			for _, b := range bs {
+				b.snaps++
+			}
+			l.mu.Unlock()
+			return func() {
+				l.mu.Lock()
+				for _, b := range bs {
+					b.snaps--
+				}
+				if l.snapFreed != nil {
+					close(l.snapFreed)
+					l.snapFreed = nil
+				}
+				l.mu.Unlock()
+			}
+		}
+		if l.snapFreed == nil {
+			l.snapFreed = make(chan struct{})
+		}
+		freed := l.snapFreed
+		l.mu.Unlock()
+		select {
+		case <-freed:
+		case <-time.After(time.Second): // a full client table frees by pruning, not by release
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
 // prune forgets the budgets at rest at now.
 func (l *clientLimits) prune(now time.Time) {
 	c := l.cfg
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for k, b := range l.keys {
-		if b.conns == 0 && b.reads == 0 && b.accept.full(now, c.AcceptRatePerIP, c.AcceptBurstPerIP) &&
+		if b.conns == 0 && b.reads == 0 && b.snaps == 0 && b.accept.full(now, c.AcceptRatePerIP, c.AcceptBurstPerIP) &&
 			b.changes.full(now, c.ChangesRate, c.ChangesBurst) && b.snapshots.full(now, c.State.Rate, c.State.Burst) {
 			delete(l.keys, k)
 		}

@@ -27,9 +27,13 @@ type syncStats struct {
 	epochIgnored     atomic.Int64 // messages of another epoch ignored
 	positionsMoved   atomic.Int64 // member positions moved by publisher positions (tests)
 	// snapshotsQueued counts snapshots asked for and waiting for a slot
-	// (the socket's or the node's --max-concurrent-snapshots); the running
-	// ones and their rows are stateSource.active and .rows.
+	// (the socket's or the client's); reads waiting for one of the node's
+	// --max-concurrent-snapshots, the running ones and the rows sent are
+	// stateSource.queued, .active and .rows.
 	snapshotsQueued atomic.Int64
+	// queuedBytes is the bytes queued on every socket (the sum of their
+	// queued), for the node's memory bound.
+	queuedBytes atomic.Int64
 	// snapshotDuration records, per snapshot that read, from its start
 	// (slot taken) to its end; nil without a Meter. Set once in Open.
 	snapshotDuration metric.Float64Histogram
@@ -60,14 +64,22 @@ type Stats struct {
 	EpochChanges, EpochIgnored                         int64
 	Closed, Rejected, Repairs                          map[string]int64
 	// Snapshots are by outcome (done, cancelled, failed, refused);
-	// SnapshotsRunning read now, SnapshotsQueued wait for a slot,
-	// SnapshotRows is every row frame sent. SnapshotTenantUnknown counts,
-	// fail closed (scope.go), snapshots refused because their table's rows
-	// cannot be scoped ("table") and rows dropped because their tenant
-	// could not be known ("row").
+	// SnapshotsRunning are source reads in progress, SnapshotsQueued
+	// snapshots waiting for the socket's or the client's slot and reads
+	// waiting for a node read slot, SnapshotRows is every row frame sent.
+	// SnapshotTenantUnknown counts, fail closed (scope.go), snapshots
+	// refused because their table's rows cannot be scoped ("table") and
+	// rows dropped because their tenant could not be known ("row").
 	Snapshots                                       map[string]int64
 	SnapshotsRunning, SnapshotsQueued, SnapshotRows int64
 	SnapshotTenantUnknown                           map[string]int64
+	// SnapshotReads counts reads of a table from the source (each fills
+	// a spool); SnapshotsShared the snapshots served from a spool another
+	// snapshot's read filled. SpoolBytes are spooled now (memory and
+	// files); MemoryBytes is what the node's memory bound counts: bytes
+	// queued on sockets and spooled in memory.
+	SnapshotReads, SnapshotsShared int64
+	SpoolBytes, MemoryBytes        int64
 }
 
 // Stats returns a snapshot of the node's counters.
@@ -78,9 +90,14 @@ func (n *Node) Stats() Stats {
 		EpochChanges: st.epochChanges.Load(), EpochIgnored: st.epochIgnored.Load(),
 		Closed: map[string]int64{}, Rejected: map[string]int64{}, Repairs: map[string]int64{},
 		Snapshots: map[string]int64{}, SnapshotsQueued: st.snapshotsQueued.Load()}
+	out.MemoryBytes = st.queuedBytes.Load()
 	if n.state != nil {
 		out.SnapshotsRunning, out.SnapshotRows = n.state.active.Load(), n.state.rows.Load()
 		out.SnapshotTenantUnknown = map[string]int64{"table": n.state.unknownTables.Load(), "row": n.state.unknownRows.Load()}
+		out.SnapshotsQueued += n.state.queued.Load()
+		out.SnapshotReads, out.SnapshotsShared = n.state.reads.Load(), n.state.shared.Load()
+		out.SpoolBytes = n.state.spooled.Load()
+		out.MemoryBytes += n.state.memory.Load()
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -166,12 +183,32 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 		return nil, err
 	}
 	snapRunning, err := meter.Int64ObservableUpDownCounter("walcast.sync.snapshots.running",
-		metric.WithDescription("snapshots reading now (at most --max-concurrent-snapshots)"))
+		metric.WithDescription("reads of the source database for snapshots in progress (at most --max-concurrent-snapshots)"))
 	if err != nil {
 		return nil, err
 	}
 	snapQueued, err := meter.Int64ObservableUpDownCounter("walcast.sync.snapshots.queued",
-		metric.WithDescription("snapshots waiting for a slot (--max-concurrent-snapshots, or the socket's own)"))
+		metric.WithDescription("snapshots waiting for a slot (the socket's, the client's --snapshots-per-client, or a read slot of --max-concurrent-snapshots)"))
+	if err != nil {
+		return nil, err
+	}
+	snapReads, err := meter.Int64ObservableCounter("walcast.sync.snapshot.source_reads",
+		metric.WithDescription("reads of a table from the source database for snapshots; snapshots of the same table and scope that overlap share one"))
+	if err != nil {
+		return nil, err
+	}
+	snapShared, err := meter.Int64ObservableCounter("walcast.sync.snapshot.shared",
+		metric.WithDescription("snapshots served from rows another snapshot read from the source"))
+	if err != nil {
+		return nil, err
+	}
+	spoolBytes, err := meter.Int64ObservableUpDownCounter("walcast.sync.snapshot.spool_bytes", metric.WithUnit("By"),
+		metric.WithDescription("snapshot rows spooled now, in memory and files (at most --snapshot-spool-bytes)"))
+	if err != nil {
+		return nil, err
+	}
+	memBytes, err := meter.Int64ObservableUpDownCounter("walcast.sync.memory.bytes", metric.WithUnit("By"),
+		metric.WithDescription("bytes queued on sockets plus snapshot rows spooled in memory; past --max-memory-bytes new sockets and snapshots are refused (connections.rejected reason memory)"))
 	if err != nil {
 		return nil, err
 	}
@@ -206,6 +243,11 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 		}
 		o.ObserveInt64(snapRunning, s.SnapshotsRunning)
 		o.ObserveInt64(snapQueued, s.SnapshotsQueued)
+		o.ObserveInt64(snapReads, s.SnapshotReads)
+		o.ObserveInt64(snapShared, s.SnapshotsShared)
+		o.ObserveInt64(spoolBytes, s.SpoolBytes)
+		o.ObserveInt64(memBytes, s.MemoryBytes)
 		return nil
-	}, open, sent, dropped, gaps, received, closed, rejected, repairs, epochs, snapshots, snapRows, snapUnknown, snapRunning, snapQueued)
+	}, open, sent, dropped, gaps, received, closed, rejected, repairs, epochs, snapshots, snapRows, snapUnknown, snapRunning, snapQueued,
+		snapReads, snapShared, spoolBytes, memBytes)
 }

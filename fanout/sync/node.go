@@ -127,6 +127,11 @@ type Config struct {
 	// State configures snapshots (state.go); without a source URL the node
 	// serves none.
 	State StateConfig
+	// MaxMemoryBytes, MaxReplayEntries: node-wide memory bound and the
+	// longest socket catch-up (limits.go). 0 means the default, negative
+	// no bound.
+	MaxMemoryBytes   int64
+	MaxReplayEntries int64
 
 	// Clock drives idle eviction, drop windows and token buckets; default
 	// the system clock.
@@ -518,6 +523,7 @@ func (n *Node) Close() {
 	}
 	n.cancel()
 	n.wg.Wait()
+	n.state.close()
 	if n.reg != nil {
 		_ = n.reg.Unregister()
 	}

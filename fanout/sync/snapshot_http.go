@@ -42,6 +42,11 @@ func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, status, code, msg)
 		return
 	}
+	if n.overloaded("memory") {
+		w.Header().Set("Retry-After", retryAfter(overloadRetry))
+		writeJSONError(w, http.StatusServiceUnavailable, "overloaded", overloadedMessage)
+		return
+	}
 	done, wait := n.limits.beginRead(n.clientKey(r), subjectKey(claims))
 	if done == nil {
 		n.stats.inc(&n.stats.rejected, "changes-limit")
@@ -58,7 +63,7 @@ func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	release := n.acquireSnapshot(ctx, nil)
+	release := n.acquireSnapshot(ctx, nil, n.clientKey(r), subjectKey(claims))
 	if release == nil {
 		return
 	}

@@ -143,10 +143,13 @@ type socket struct {
 	// (StateConfig.PerSocket); its other snapshots wait.
 	snapSlots slots
 
-	mu     sync.Mutex    // guards the following fields
-	queue  []queuedFrame // outbound, queue[head:] pending, oldest first
-	head   int
-	queued int // bytes of frames queued or being written
+	mu sync.Mutex // guards the following fields
+	// catchCtx holds the context of each member's running catch-ups;
+	// nil until the first.
+	catchCtx map[*member]*memberCtx
+	queue    []queuedFrame // outbound, queue[head:] pending, oldest first
+	head     int
+	queued   int // bytes of frames queued or being written
 	// writingAt is when the oldest frame of the batch being written was
 	// queued (clock UnixNano; 0 when no batch is being written), gapsAt
 	// when the oldest replay-gap owed was recorded (0 when none): with
@@ -190,6 +193,11 @@ func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
 		n.stats.inc(&n.stats.rejected, "unauthorized")
 		w.Header().Set("WWW-Authenticate", `Bearer realm="walcast"`)
 		http.Error(w, err.Error(), http.StatusUnauthorized)
+		return
+	}
+	if n.overloaded("memory") {
+		w.Header().Set("Retry-After", retryAfter(overloadRetry))
+		http.Error(w, overloadedMessage, http.StatusServiceUnavailable)
 		return
 	}
 	// Per address and subject first, so a client over its budget spends
@@ -477,6 +485,7 @@ func (s *socket) handle(b []byte) {
 		s.refresh(f.Token)
 	case "unsub":
 		if m := s.removeMember(f.Topic); m != nil {
+			s.endCatchUps(m)
 			s.n.leave(m)
 		}
 	default:
@@ -555,6 +564,7 @@ func (s *socket) subscribe(topic, cursor string, snapshot bool) {
 		}
 	}
 	if old := s.removeMember(topic); old != nil {
+		s.endCatchUps(old)
 		n.leave(old)
 	} else if len(s.members) >= maxTopicsPerSocket {
 		s.enqueue(errorFrame("too-many-topics", fmt.Sprintf("a socket may follow at most %d topics", maxTopicsPerSocket), topic), nil)
@@ -611,6 +621,10 @@ func (s *socket) subscribe(topic, cursor string, snapshot bool) {
 		s.enqueue(controlFrame("subscribed", topic, cur), nil)
 	}
 	if snapshot && (cursor == "" || resync) {
+		if n.overloaded("memory") {
+			s.enqueue(errorFrame("overloaded", overloadedMessage+"; the topic is not subscribed; subscribe again after "+retryAfter(overloadRetry)+" s", topic), nil)
+			return
+		}
 		// The client asks for the rows (a stale cursor asks as surely as
 		// none): charged to its snapshot budget.
 		if wait := n.limits.takeSnapshot(s.limKey[0], s.limKey[1]); wait > 0 {
@@ -632,7 +646,7 @@ func (s *socket) subscribe(topic, cursor string, snapshot bool) {
 		if resync {
 			reason = "resync"
 		}
-		s.startSnapshotLocked(m, reason)
+		s.startSnapshot(m, reason, false) // charged above
 	} else {
 		n.alignEpochLocked(m)
 		if m.state == memberCatchingUp {
@@ -677,18 +691,79 @@ func (s *socket) startCatchUp(m *member) {
 		return
 	}
 	s.wg.Add(1)
+	if s.catchCtx == nil {
+		s.catchCtx = map[*member]*memberCtx{}
+	}
+	mc := s.catchCtx[m]
+	if mc == nil {
+		mc = &memberCtx{}
+		mc.ctx, mc.cancel = context.WithCancel(s.ctx)
+		s.catchCtx[m] = mc
+	}
+	mc.runs++
 	s.mu.Unlock()
 	go func() {
 		defer s.wg.Done()
-		s.catchUp(m)
+		s.catchUp(mc.ctx, m)
+		s.mu.Lock()
+		if mc.runs--; mc.runs == 0 && s.catchCtx[m] == mc {
+			delete(s.catchCtx, m)
+			mc.cancel()
+			if len(s.catchCtx) == 0 {
+				s.catchCtx = nil // an idle socket keeps no map
+			}
+		}
+		s.mu.Unlock()
 	}()
+}
+
+// memberCtx is the context of a member's catch-ups: an unsub ends the
+// journal read in flight at once (endCatchUps).
+type memberCtx struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	runs   int // catch-ups of the member running; guarded by socket.mu
+}
+
+// endCatchUps cancels m's catch-ups (m is leaving the socket).
+func (s *socket) endCatchUps(m *member) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if mc := s.catchCtx[m]; mc != nil {
+		delete(s.catchCtx, m)
+		mc.cancel()
+	}
+}
+
+// chargeCatchUpPage waits until the client's read budget (the
+// --changes-* limits, kept per address and subject as for GET
+// /v1/changes) admits one more journal page, and returns the func that
+// ends it. nil when ctx ends first.
+func (s *socket) chargeCatchUpPage(ctx context.Context) func() {
+	for {
+		done, wait := s.n.limits.beginRead(s.limKey[0], s.limKey[1])
+		if done != nil {
+			return done
+		}
+		select {
+		case <-s.n.cfg.Clock.After(max(wait, 10*time.Millisecond)):
+		case <-ctx.Done():
+			return nil
+		}
+	}
 }
 
 // catchUp reads the journal from m's position (sharing reads with every
 // member at the same place) until it has covered everything the topic has
 // seen live, then makes m live.
-func (s *socket) catchUp(m *member) {
+//
+// Each page is charged to the client's read budget, and ctx ends when the
+// member leaves (unsub). A member further behind the journal's horizon
+// than MaxReplayEntries gets a resync (or, subscribed with a snapshot, a
+// fresh snapshot) instead of a replay.
+func (s *socket) catchUp(ctx context.Context, m *member) {
 	t := m.t
+	n := s.n
 	bo := backoff.New(100*time.Millisecond, 5*time.Second)
 	for {
 		t.mu.Lock()
@@ -697,20 +772,38 @@ func (s *socket) catchUp(m *member) {
 			return
 		}
 		from, epoch := m.pos, m.epoch
+		if limit := n.cfg.MaxReplayEntries; limit > 0 && n.horizonKnown.Load() && epoch == n.epoch.Load() {
+			if h := n.horizon.Load(); h-from > limit {
+				n.stats.inc(&n.stats.repairs, "replay-too-far")
+				s.cursorResyncLocked(m, n.resyncFrame(m, h), h)
+				moved := m.pos != from || m.state != memberCatchingUp
+				t.mu.Unlock()
+				if !moved {
+					return // the socket is closing
+				}
+				continue
+			}
+		}
 		m.repair = false
 		t.mu.Unlock()
 
-		if !s.catchUps.acquire(s.ctx) {
+		if !s.catchUps.acquire(ctx) {
 			return
 		}
-		page, err := s.n.reads.read(s.ctx, m.q, epoch, from)
+		charged := s.chargeCatchUpPage(ctx)
+		if charged == nil {
+			s.catchUps.release()
+			return
+		}
+		page, err := n.reads.read(ctx, m.q, epoch, from)
+		charged()
 		if err != nil {
 			s.catchUps.release()
-			if s.ctx.Err() != nil {
+			if ctx.Err() != nil {
 				return
 			}
-			s.n.warnEvery("catch-up", "journal read for a socket failed; retrying", "topic", m.topic, "err", err)
-			if _, err := bo.Wait(s.ctx); err != nil {
+			n.warnEvery("catch-up", "journal read for a socket failed; retrying", "topic", m.topic, "err", err)
+			if _, err := bo.Wait(ctx); err != nil {
 				return
 			}
 			continue
@@ -724,11 +817,11 @@ func (s *socket) catchUp(m *member) {
 			continue
 		}
 		if page.resync != nil {
-			if page.resyncEpoch != s.n.epoch.Load() {
-				s.n.pokeEpoch()
+			if page.resyncEpoch != n.epoch.Load() {
+				n.pokeEpoch()
 			}
 			m.epoch = page.resyncEpoch
-			m.resyncLocked(page.resync, page.resyncPos)
+			s.cursorResyncLocked(m, page.resync, page.resyncPos)
 			t.mu.Unlock()
 			s.catchUps.release()
 			continue
@@ -758,7 +851,7 @@ func (s *socket) catchUp(m *member) {
 					// (DESIGN §6), whether it reaches the member
 					// live or, as here, from the journal. A fresh
 					// snapshot moves m off this catch-up.
-					m.resyncLocked(s.n.resyncFrame(m, seq), seq)
+					m.resyncLocked(n.resyncFrame(m, seq), seq)
 				}
 				i++
 			}
@@ -769,7 +862,7 @@ func (s *socket) catchUp(m *member) {
 			if wait != nil {
 				select {
 				case <-wait:
-				case <-s.ctx.Done():
+				case <-ctx.Done():
 					return
 				}
 			}
@@ -788,6 +881,20 @@ func (s *socket) catchUp(m *member) {
 		m.state = memberLive
 		t.mu.Unlock()
 		return
+	}
+}
+
+// cursorResyncLocked is resyncLocked for a resync the member's own
+// position caused (found during its catch-up: a cursor pruned or too far
+// behind): a member subscribed with "snapshot":true gets a fresh snapshot
+// charged to its client, any other the resync frame f (at seq). t.mu is
+// held.
+func (s *socket) cursorResyncLocked(m *member, f *frame, seq int64) {
+	if m.snapshot && m.state != memberGone && s.startSnapshot(m, "resync", true) {
+		return
+	}
+	if s.enqueue(f, nil) {
+		m.pos = seq
 	}
 }
 
@@ -967,7 +1074,16 @@ func (s *socket) pushLocked(f *frame) {
 // appendLocked appends f to the queue. s.mu is held.
 func (s *socket) appendLocked(f *frame) {
 	s.queue = append(s.queue, queuedFrame{f, s.n.cfg.Clock.Now().UnixNano()})
-	s.queued += f.size
+	s.setQueuedLocked(s.queued + f.size)
+}
+
+// setQueuedLocked sets s.queued to v (at least 0), keeping the node's sum
+// of every socket's queued bytes (its memory bound) in step. s.mu is
+// held.
+func (s *socket) setQueuedLocked(v int) {
+	v = max(0, v)
+	s.n.stats.queuedBytes.Add(int64(v - s.queued))
+	s.queued = v
 }
 
 // lagLocked is how long the oldest thing the socket owes its client has
@@ -1013,6 +1129,9 @@ func (s *socket) closeLocked(code int, reason, metricReason string) {
 	s.n.stats.inc(&s.n.stats.closed, metricReason)
 	clear(s.queue[s.head:])
 	s.queue, s.head, s.gaps, s.gapsAt = nil, 0, nil, 0
+	if !s.writing {
+		s.setQueuedLocked(0) // else the writer's batch is counted until it returns
+	}
 	if s.conn != nil {
 		s.startWriterLocked()
 	}
@@ -1028,6 +1147,7 @@ func (s *socket) write() {
 		s.mu.Lock()
 		if s.closing {
 			s.writing = false
+			s.setQueuedLocked(0) // nothing more is written
 			code, reason := s.closeCode, s.closeReason
 			broken := s.broken
 			s.mu.Unlock()
@@ -1050,7 +1170,7 @@ func (s *socket) write() {
 					seen[g.topic] = true
 					f := controlFrame("replay-gap", g.topic, g.cursor)
 					s.queue = append(s.queue, queuedFrame{f, s.gapsAt})
-					s.queued += f.size
+					s.setQueuedLocked(s.queued + f.size)
 					s.n.stats.replayGaps.Add(1)
 				}
 			}
@@ -1102,9 +1222,10 @@ func (s *socket) write() {
 		s.mu.Lock()
 		s.writingAt = 0
 		s.wroteAt = time.Now()
-		s.queued -= size
-		if s.queued < 0 || s.closing {
-			s.queued = 0
+		if s.closing {
+			s.setQueuedLocked(0)
+		} else {
+			s.setQueuedLocked(s.queued - size)
 		}
 		if s.room != nil {
 			close(s.room)

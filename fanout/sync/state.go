@@ -5,12 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/journal"
@@ -22,21 +26,26 @@ import (
 // for correctness). The steps, per snapshot:
 //
 //  1. H0: the journal horizon, taken before anything else.
-//  2. In one REPEATABLE READ READ ONLY transaction on the source: a
-//     LOCK of the table in ACCESS SHARE mode (before any snapshot: a
-//     TRUNCATE, not MVCC-safe, cannot then commit between S and the read),
-//     S = pg_current_snapshot() and L = pg_current_wal_insert_lsn() (the
-//     first statement to fix the transaction's snapshot), the table's
-//     columns from the catalogs, then its rows, scoped to the socket's
-//     tenant, fetched in pages from a cursor and queued on the socket at
-//     its pace.
-//  3. The journal from a little before H0 on, in the member's scope: an
+//  2. In one REPEATABLE READ READ ONLY transaction on the source, bounded
+//     by ReadTimeout: a LOCK of the table in ACCESS SHARE mode (before
+//     any snapshot: a TRUNCATE, not MVCC-safe, cannot then commit between
+//     S and the read; given up after lockTimeout and retried, so it never
+//     queues in front of the application's DDL for long), S =
+//     pg_current_snapshot() and L = pg_current_wal_insert_lsn() (the first
+//     statement to fix the transaction's snapshot), the table's columns
+//     from the catalogs, then its rows, scoped to the tenant, read at the
+//     database's pace into a spool (spool.go). COMMIT as soon as the last
+//     row is spooled: no transaction or lock is held while clients read.
+//  3. The rows are sent from the spool at each client's pace; snapshots of
+//     the same scope that start while the spool is read, or moments after,
+//     share it (each with its own id, the same S, L and H0).
+//  4. The journal from a little before H0 on, in the member's scope: an
 //     entry whose transaction is visible in S is already in the rows and is
 //     skipped; any other is delivered. This ends at the first entry whose
 //     commit LSN is past L (every later one is invisible in S), or once the
 //     replicator has journaled everything up to L and the read has caught
 //     up.
-//  4. snapshot-end with the cursor of that position, and the member joins
+//  5. snapshot-end with the cursor of that position, and the member joins
 //     the ordinary catch-up and live path from there.
 
 // StateConfig configures snapshots ("snapshot":true subscriptions and GET
@@ -48,26 +57,48 @@ type StateConfig struct {
 	// SourceURL is the source database (--database-url), read with a
 	// read-only role; the node's sessions are read-only too.
 	SourceURL string
-	// MaxConcurrent snapshots read at once on this node; more wait
+	// MaxConcurrent source reads run at once on this node; more wait
 	// (default 8). It is also the size of the source connection pool.
 	MaxConcurrent int
 	// PerSocket is how many snapshots one socket reads at once; its others
 	// wait (default 1).
 	PerSocket int
-	// Timeout bounds one snapshot, from its BEGIN to its snapshot-end
-	// (default 10m): a REPEATABLE READ transaction holds back vacuum on the
-	// source while it lasts. It is also each statement's statement_timeout.
+	// PerClient is how many snapshots one client address, and one token
+	// subject, have in progress at once (from the wait for a read to the
+	// snapshot-end), on every socket and GET /v1/snapshot together; more
+	// wait (default MaxConcurrent/2, at least 1), so no client takes
+	// every read slot.
+	PerClient int
+	// Timeout bounds one snapshot, from its start to its snapshot-end, the
+	// client's reading included (default 10m).
 	Timeout time.Duration
-	// PageRows is the rows fetched and held at once (default 500).
+	// ReadTimeout bounds the source transaction of one read of a table,
+	// BEGIN to COMMIT (default 30s): a table that cannot be read into the
+	// spool within it is refused with a message naming
+	// --snapshot-read-timeout. It is also the session's statement_timeout
+	// and idle_in_transaction_session_timeout.
+	ReadTimeout time.Duration
+	// SpoolBytes bounds the bytes of rows spooled on this node at once,
+	// every snapshot together, in memory and files (default 1 GiB). A read
+	// that would pass it fails, and its snapshots are refused with a
+	// message naming --snapshot-spool-bytes.
+	SpoolBytes int64
+	// SpoolDir is where spools larger than a few hundred KiB are written
+	// (default os.TempDir()); files are unlinked as soon as they are made.
+	SpoolDir string
+	// PageRows is the rows fetched at once (default 500).
 	PageRows int
 	// Rate (snapshots per second) and Burst bound the snapshots each client
 	// asks for, kept per client address and per token subject alike, as
 	// the GET /v1/changes budgets are: a "snapshot":true subscription that
 	// would read the rows (no cursor, or one the journal can no longer
-	// serve) and each GET /v1/snapshot take one. Beyond them the
+	// serve) and each GET /v1/snapshot take one; beyond them the
 	// subscription is refused with error rate-limited (429 over HTTP).
-	// Snapshots the node starts itself (answering a resync) are not
-	// charged. 0 means unlimited.
+	// A snapshot the node starts for a member because of the member's own
+	// position (its cursor found pruned, or too far behind, during its
+	// catch-up) takes one too, and waits for it rather than being
+	// refused; one it starts for an event of the topic (a truncate, a
+	// resync entry) does not. 0 means unlimited.
 	Rate  float64
 	Burst int
 }
@@ -76,6 +107,8 @@ type StateConfig struct {
 const (
 	DefaultMaxConcurrentSnapshots = 8
 	DefaultSnapshotTimeout        = 10 * time.Minute
+	DefaultSnapshotReadTimeout    = 30 * time.Second
+	DefaultSnapshotSpoolBytes     = 1 << 30
 	DefaultSnapshotPageRows       = 500
 	// snapshotLookback is how many journal entries before H0 the filtered
 	// read starts at least when the source snapshot has transactions in
@@ -89,6 +122,14 @@ const (
 	// synchronous standby.
 	snapshotLookback    = 1000
 	snapshotXidLookback = 100000
+	// lockTimeout is how long a read waits for its table's ACCESS SHARE
+	// lock (the session's lock_timeout) before it gives up and tries
+	// again, lockAttempts times in all with a growing pause between: a
+	// migration waiting for an ACCESS EXCLUSIVE lock queues behind the
+	// node's lock request at most this long, and the application's
+	// queries behind the migration with it.
+	lockTimeout  = 2 * time.Second
+	lockAttempts = 4
 )
 
 func (c *StateConfig) setDefaults() {
@@ -98,8 +139,20 @@ func (c *StateConfig) setDefaults() {
 	if c.PerSocket <= 0 {
 		c.PerSocket = 1
 	}
+	if c.PerClient <= 0 {
+		c.PerClient = max(1, c.MaxConcurrent/2)
+	}
 	if c.Timeout <= 0 {
 		c.Timeout = DefaultSnapshotTimeout
+	}
+	if c.ReadTimeout <= 0 {
+		c.ReadTimeout = DefaultSnapshotReadTimeout
+	}
+	if c.SpoolBytes <= 0 {
+		c.SpoolBytes = DefaultSnapshotSpoolBytes
+	}
+	if c.SpoolDir == "" {
+		c.SpoolDir = os.TempDir()
 	}
 	if c.PageRows <= 0 {
 		c.PageRows = DefaultSnapshotPageRows
@@ -119,17 +172,25 @@ var sourceSettings = map[string]string{
 	"application_name":              "walcast sync (snapshots)",
 }
 
-// stateSource is the node's side of snapshots: how to reach the source and
-// the node-wide concurrency bound. Each snapshot opens its own connection
-// (it holds it for the snapshot's whole transaction, so a pool would save
-// only the connect) and closes it when done.
+// stateSource is the node's side of snapshots: a pool of source
+// connections (at most MaxConcurrent, one per read in progress), the
+// node-wide bound on reads, and the spools being read or shared. It owns
+// the fills' goroutines (Close waits for them).
 type stateSource struct {
 	cfg  StateConfig
-	conn *pgx.ConnConfig
-	sem  chan struct{} // one token per snapshot reading
+	pool *pgxpool.Pool
+	sem  chan struct{} // one token per source read in progress
 	ids  atomic.Int64
 
-	active atomic.Int64 // snapshots reading now
+	ctx    context.Context // ends with close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // fills and the spool sweep
+
+	spools spools
+	spoolStats
+
+	active atomic.Int64 // source reads in progress
+	queued atomic.Int64 // source reads waiting for a slot
 	rows   atomic.Int64 // row frames sent, all snapshots
 
 	scope // the catalog that scopes snapshots (scope.go)
@@ -142,32 +203,66 @@ func openState(ctx context.Context, cfg StateConfig) (*stateSource, error) {
 		return nil, nil
 	}
 	cfg.setDefaults()
-	cc, err := pgx.ParseConfig(cfg.SourceURL)
+	pc, err := pgxpool.ParseConfig(cfg.SourceURL)
 	if err != nil {
 		return nil, fmt.Errorf("sync: --database-url does not parse: %w (fix: a libpq URL or DSN of the source database)", err)
 	}
+	cc := pc.ConnConfig
 	for k, v := range sourceSettings {
 		cc.RuntimeParams[k] = v
 	}
-	cc.RuntimeParams["statement_timeout"] = strconv.FormatInt(cfg.Timeout.Milliseconds(), 10)
+	ms := strconv.FormatInt(cfg.ReadTimeout.Milliseconds(), 10)
+	cc.RuntimeParams["statement_timeout"] = ms
+	cc.RuntimeParams["idle_in_transaction_session_timeout"] = ms
+	cc.RuntimeParams["lock_timeout"] = strconv.FormatInt(lockTimeout.Milliseconds(), 10)
 	if cc.ConnectTimeout == 0 {
 		cc.ConnectTimeout = 10 * time.Second
 	}
-	st := &stateSource{cfg: cfg, conn: cc, sem: make(chan struct{}, cfg.MaxConcurrent)}
-	conn, err := st.connect(ctx)
+	pc.MaxConns = int32(cfg.MaxConcurrent)
+	pc.MinConns = 0
+	pc.MaxConnIdleTime = time.Minute
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
-		return nil, fmt.Errorf("sync: %w", err)
+		return nil, fmt.Errorf("sync: --database-url: %w", err)
 	}
-	_ = conn.Close(ctx)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("sync: cannot reach the source database (--database-url): %w (fix: check the URL, the network and the role's password; the role needs SELECT on the published tables, see deploy/postgres/setup.sql)", err)
+	}
+	conn.Release()
+	st := &stateSource{cfg: cfg, pool: pool, sem: make(chan struct{}, cfg.MaxConcurrent)}
+	st.ctx, st.cancel = context.WithCancel(context.Background())
+	st.wg.Add(1)
+	go st.sweep()
 	return st, nil
 }
 
-func (st *stateSource) connect(ctx context.Context) (*pgx.Conn, error) {
-	conn, err := pgx.ConnectConfig(ctx, st.conn)
-	if err != nil {
-		return nil, fmt.Errorf("cannot reach the source database (--database-url): %w (fix: check the URL, the network and the role's password; the role needs SELECT on the published tables, see deploy/postgres/setup.sql)", err)
+// sweep frees spools past their share window until close.
+func (st *stateSource) sweep() {
+	defer st.wg.Done()
+	t := time.NewTicker(spoolShareWindow / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-st.ctx.Done():
+			return
+		case now := <-t.C:
+			st.sweepSpools(now)
+		}
 	}
-	return conn, nil
+}
+
+// close ends every read, waits for them and closes the pool. The node
+// calls it after its sockets are gone.
+func (st *stateSource) close() {
+	if st == nil {
+		return
+	}
+	st.cancel()
+	st.wg.Wait()
+	st.sweepSpools(time.Now().Add(spoolShareWindow))
+	st.pool.Close()
 }
 
 // stateTable is what a snapshot reads of its table.
@@ -208,35 +303,157 @@ type stateResult struct {
 // epoch change or a resync entry); it must start over.
 var errSnapshotRestart = errors.New("the journal was reset during the snapshot")
 
-// readState runs one snapshot of q's topic (steps 1–3 above), sending
+// readState runs one snapshot of q's topic (steps 1–4 above), sending
 // snapshot-begin, the rows and the changes that follow them up to the
-// returned position to sink. The caller sends snapshot-end.
+// returned position to sink. The rows come from a spool, shared with every
+// snapshot of the same scope that overlaps it. The caller sends
+// snapshot-end.
 func (n *Node) readState(ctx context.Context, q journal.Query, reason string, sink stateSink) (stateResult, error) {
 	st := n.state
 	topic := q.Entities[0]
-	schema, table, _ := decoder.SplitEntity(topic)
 	ctx, cancel := context.WithTimeout(ctx, st.cfg.Timeout)
 	defer cancel()
 
 	res := stateResult{id: st.ids.Add(1)}
-	res.epoch = n.epoch.Load()
-	h0, err := n.currentHorizon(ctx, q)
-	if err != nil {
-		return res, fmt.Errorf("journal horizon: %w", err)
+	key := spoolKey{entity: topic, tenant: q.Tenant, epoch: n.epoch.Load()}
+	sp := st.attach(key, func(fctx context.Context, sp *spool) {
+		st.wg.Add(1)
+		go func() {
+			defer st.wg.Done()
+			defer sp.cancel()
+			n.fill(fctx, sp, q)
+		}()
+	})
+	defer st.detach(sp)
+	select {
+	case <-sp.ready:
+	case <-ctx.Done():
+		return res, ctx.Err()
 	}
-
-	conn, err := st.connect(ctx)
-	if err != nil {
+	if sp.head.entity == "" { // the read failed before the rows
+		sp.mu.Lock()
+		err := sp.err
+		sp.mu.Unlock()
 		return res, err
 	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_ = conn.Close(cctx)
-		cancel()
+	h := sp.head
+	res.epoch = h.epoch
+	begin, _ := json.Marshal(struct {
+		T          string `json:"t"`
+		Topic      string `json:"topic"`
+		Entity     string `json:"entity"`
+		SnapshotID int64  `json:"snapshotId"`
+		Rows       int64  `json:"rows"`
+		Reason     string `json:"reason,omitempty"`
+	}{"snapshot-begin", topic, h.entity, res.id, h.estimate, reason})
+	if err := sink.send(ctx, begin); err != nil {
+		return res, err
+	}
+	tq, _ := json.Marshal(topic)
+	var rowBuf []byte
+	cur := spoolCursor{sp: sp}
+	for {
+		body, err := cur.next(ctx)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return res, err
+		}
+		p := rowBuf[:0] // send does not keep it: one buffer serves every row
+		p = append(p, `{"t":"row","topic":`...)
+		p = append(p, tq...)
+		p = append(p, `,"row":`...)
+		p = append(p, body...)
+		p = append(p, '}')
+		rowBuf = p
+		if err := sink.send(ctx, p); err != nil {
+			return res, err
+		}
+		res.rows++
+		st.rows.Add(1)
+	}
+	slot := ""
+	if src, err := n.j.Source(ctx); err == nil {
+		slot = src.Slot
+	}
+	var err error
+	res.pos, err = n.followAfterState(ctx, q, res.epoch, h.h0, h.snap, h.walAt, slot, sink)
+	return res, err
+}
+
+// errLockBusy: the table's lock was not granted within lockTimeout.
+var errLockBusy = errors.New("lock not granted within lock_timeout")
+
+// fill reads sp's rows from the source into the spool (steps 1–2 above)
+// and ends it, on a goroutine the stateSource owns. ctx ends when the
+// last snapshot using sp leaves, or the node closes.
+func (n *Node) fill(ctx context.Context, sp *spool, q journal.Query) {
+	st := n.state
+	headSet := false
+	err := func() error {
+		st.queued.Add(1)
+		select {
+		case st.sem <- struct{}{}:
+			st.queued.Add(-1)
+		case <-ctx.Done():
+			st.queued.Add(-1)
+			return ctx.Err()
+		}
+		st.active.Add(1)
+		defer func() {
+			st.active.Add(-1)
+			<-st.sem
+		}()
+		rctx, cancel := context.WithTimeout(ctx, st.cfg.ReadTimeout)
+		defer cancel()
+		h0, err := n.currentHorizon(rctx, q)
+		if err != nil {
+			return fmt.Errorf("journal horizon: %w", err)
+		}
+		conn, err := st.pool.Acquire(rctx)
+		if err != nil {
+			return st.classify(rctx, ctx, q.Entities[0], fmt.Errorf("cannot reach the source database (--database-url): %w", err))
+		}
+		defer conn.Release()
+		pause := 250 * time.Millisecond
+		for attempt := 1; ; attempt++ {
+			err = n.readInto(rctx, conn.Conn(), sp, q, h0, &headSet)
+			if !errors.Is(err, errLockBusy) || headSet {
+				break
+			}
+			if attempt == lockAttempts {
+				return refused("table %s stayed locked by another session (a migration or other DDL holding or waiting for an ACCESS EXCLUSIVE lock) through %d attempts of %s each; the snapshot was not read, so the application's DDL was not held up; subscribe again once the DDL is done", q.Entities[0], lockAttempts, lockTimeout)
+			}
+			select {
+			case <-time.After(pause):
+			case <-rctx.Done():
+				return st.classify(rctx, ctx, q.Entities[0], rctx.Err())
+			}
+			pause *= 2
+		}
+		if err != nil {
+			return st.classify(rctx, ctx, q.Entities[0], err)
+		}
+		return nil
 	}()
+	sp.finish(err)
+	if !headSet {
+		close(sp.ready)
+	}
+}
+
+// readInto runs one source transaction of a fill: LOCK, S and L, the
+// table, the rows into sp, COMMIT. It sets sp.head and closes sp.ready
+// (and *headSet) once the table is known, so snapshots send rows while
+// the rest is read. errLockBusy: the lock was not granted in lockTimeout
+// and nothing was read.
+func (n *Node) readInto(ctx context.Context, conn *pgx.Conn, sp *spool, q journal.Query, h0 int64, headSet *bool) error {
+	st := n.state
+	schema, table, _ := decoder.SplitEntity(q.Entities[0])
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return res, fmt.Errorf("source database: %w", err)
+		return fmt.Errorf("source database: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	// The table is locked (ACCESS SHARE, what the SELECT takes anyway)
@@ -245,46 +462,40 @@ func (n *Node) readState(ctx context.Context, q journal.Query, reason string, si
 	// the read would leave the rows empty though S predates it (the
 	// changes then no longer rebuild the table as of the snapshot-end).
 	// Held from before S, the lock makes such a TRUNCATE wait for the
-	// rows, or S wait for it.
+	// rows, or S wait for it. The session's lock_timeout bounds the wait.
 	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{schema, table}.Sanitize()+" IN ACCESS SHARE MODE"); err != nil {
-		return res, st.classify(decoder.EntityName(schema, table), err)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+			return errLockBusy
+		}
+		return err
 	}
 	// The first statement that takes a snapshot fixes the transaction's:
 	// S is the snapshot every row below is read in.
 	var snapText, lsnText string
 	var at time.Time
 	if err := tx.QueryRow(ctx, "SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text, now()").Scan(&snapText, &lsnText, &at); err != nil {
-		return res, fmt.Errorf("source snapshot: %w", err)
+		return fmt.Errorf("source snapshot: %w", err)
 	}
 	snap, err := parseSnapshot(snapText)
 	if err != nil {
-		return res, err
+		return err
 	}
 	var walAt decoder.LSN
 	if err := walAt.UnmarshalText([]byte(lsnText)); err != nil {
-		return res, fmt.Errorf("source WAL position %q: %w", lsnText, err)
+		return fmt.Errorf("source WAL position %q: %w", lsnText, err)
 	}
 	t, err := st.loadStateTable(ctx, tx, schema, table, q.Tenant)
 	if err != nil {
-		return res, err
+		return err
 	}
-	begin, _ := json.Marshal(struct {
-		T          string `json:"t"`
-		Topic      string `json:"topic"`
-		Entity     string `json:"entity"`
-		SnapshotID int64  `json:"snapshotId"`
-		Rows       int64  `json:"rows"`
-		Reason     string `json:"reason,omitempty"`
-	}{"snapshot-begin", topic, t.entity, res.id, t.estimate, reason})
-	if err := sink.send(ctx, begin); err != nil {
-		return res, err
-	}
+	sp.head = spoolHead{entity: t.entity, estimate: t.estimate, h0: h0, epoch: sp.key.epoch, snap: snap, walAt: walAt}
+	*headSet = true
+	close(sp.ready)
 	if _, err := tx.Exec(ctx, "DECLARE walcast_state NO SCROLL CURSOR FOR "+t.sql, t.args...); err != nil {
-		return res, st.classify(t.entity, err)
+		return err
 	}
 	fetch := "FETCH FORWARD " + strconv.Itoa(st.cfg.PageRows) + " FROM walcast_state"
-	tq, _ := json.Marshal(topic)
-	var rowBuf []byte
 	for {
 		b := decoder.NewTxBuilder(0, walAt, walAt, at)
 		rr := tx.Conn().PgConn().ExecParams(ctx, fetch, nil, nil, nil, nil)
@@ -293,16 +504,15 @@ func (n *Node) readState(ctx context.Context, q journal.Query, reason string, si
 			vals := rr.Values()
 			if len(vals) != t.enc.Columns() {
 				rr.Close()
-				return res, fmt.Errorf("snapshot of %s: %d columns read, %d expected", t.entity, len(vals), t.enc.Columns())
+				return fmt.Errorf("snapshot of %s: %d columns read, %d expected", t.entity, len(vals), t.enc.Columns())
 			}
 			b.Read(t.enc, walAt, vals) // encodes (copies) the row now
 			got++
 		}
 		if _, err := rr.Close(); err != nil {
-			return res, st.classify(t.entity, err)
+			return err
 		}
-		txn := b.Transaction()
-		it := txn.Changes()
+		it := b.Transaction().Changes()
 		for it.Next() {
 			c := it.Change()
 			// The SELECT is scoped already; this is the same rule once
@@ -310,35 +520,23 @@ func (n *Node) readState(ctx context.Context, q journal.Query, reason string, si
 			if !rowVisible(q.Tenant, c.TenantState, c.Tenant) {
 				continue
 			}
-			p := rowBuf[:0] // send does not keep it: one buffer serves every row
-			p = append(p, `{"t":"row","topic":`...)
-			p = append(p, tq...)
-			p = append(p, `,"row":`...)
-			p = append(p, c.Body...)
-			p = append(p, '}')
-			rowBuf = p
-			if err := sink.send(ctx, p); err != nil {
-				return res, err
+			if err := sp.add(c.Body); err != nil {
+				return err
 			}
-			res.rows++
-			st.rows.Add(1)
 		}
 		if err := it.Err(); err != nil {
-			return res, err
+			return err
 		}
 		if got < st.cfg.PageRows {
 			break
 		}
 	}
+	// The rows are spooled: the transaction and its lock end now, before
+	// any client has read them.
 	if err := tx.Commit(ctx); err != nil {
-		return res, fmt.Errorf("source database: %w", err)
+		return fmt.Errorf("source database: %w", err)
 	}
-	slot := ""
-	if src, err := n.j.Source(ctx); err == nil {
-		slot = src.Slot
-	}
-	res.pos, err = n.followAfterState(ctx, q, res.epoch, h0, snap, walAt, conn, slot, sink)
-	return res, err
+	return nil
 }
 
 // rowVisible is DESIGN §5's tenancy rule for one row.
@@ -352,7 +550,14 @@ func rowVisible(scope string, state decoder.TenantState, tenant string) bool {
 	return false
 }
 
-func (st *stateSource) classify(entity string, err error) error {
+// classify turns a failed read of entity into what its snapshots are
+// told: rctx is the read's context (bounded by ReadTimeout), ctx the
+// fill's.
+func (st *stateSource) classify(rctx, ctx context.Context, entity string, err error) error {
+	var ref *errSnapshotRefused
+	if errors.As(err, &ref) {
+		return err
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
@@ -360,9 +565,14 @@ func (st *stateSource) classify(entity string, err error) error {
 			return refused("the sync node's source role may not read %s (%s); fix for the operator: GRANT SELECT ON %s TO the role of --database-url", entity, pgErr.Message, entity)
 		case "42P01", "3F000":
 			return refused("table %s does not exist in the source database", entity)
-		case "57014":
-			return refused("the snapshot of %s took longer than the node's --snapshot-timeout", entity)
+		case "57014", "25P03":
+			return refused("reading %s from the source took longer than the node's --snapshot-read-timeout (%s); the operator can raise --snapshot-read-timeout, or the client subscribe without a snapshot", entity, st.cfg.ReadTimeout)
+		case "55P03":
+			return refused("table %s is locked by another session (DDL); subscribe again once it is done", entity)
 		}
+	}
+	if ctx.Err() == nil && errors.Is(rctx.Err(), context.DeadlineExceeded) {
+		return refused("reading %s from the source took longer than the node's --snapshot-read-timeout (%s); the operator can raise --snapshot-read-timeout, or the client subscribe without a snapshot", entity, st.cfg.ReadTimeout)
 	}
 	return fmt.Errorf("snapshot of %s: %w", entity, err)
 }
@@ -373,7 +583,7 @@ func (st *stateSource) classify(entity string, err error) error {
 // position after which every entry is invisible in snap, so the ordinary
 // path can take over from there.
 func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 int64, snap pgSnapshot, walAt decoder.LSN,
-	src *pgx.Conn, slot string, sink stateSink) (int64, error) {
+	slot string, sink stateSink) (int64, error) {
 	j := n.j
 	tq, _ := json.Marshal(q.Entities[0])
 	pos, err := catchUpStart(ctx, j, h0, snap)
@@ -391,7 +601,10 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 				covered = true
 			} else if slot != "" {
 				var confirmed *string
-				if err := src.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&confirmed); err == nil && confirmed != nil {
+				qctx, cancel := context.WithTimeout(ctx, time.Second) // a pool busy with reads: ask again later
+				err := n.state.pool.QueryRow(qctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&confirmed)
+				cancel()
+				if err == nil && confirmed != nil {
 					var c decoder.LSN
 					if c.UnmarshalText([]byte(*confirmed)) == nil && c >= walAt {
 						covered = true
@@ -573,8 +786,17 @@ func (m *member) ownsJob(j *snapJob) bool {
 
 // startSnapshotLocked (re)starts m's snapshot on a goroutine the socket
 // owns: m receives nothing else until its snapshot-end. It reports false
-// when the socket is closing. t.mu is held.
+// when the socket is closing. t.mu is held. The node starts it for an
+// event of the topic (a truncate, a resync entry, an epoch change), so it
+// is not charged to the client.
 func (s *socket) startSnapshotLocked(m *member, reason string) bool {
+	return s.startSnapshot(m, reason, false)
+}
+
+// startSnapshot is startSnapshotLocked; with charge the snapshot first
+// waits for a token of the client's snapshot budget (a resync the
+// member's own position caused: cursorResyncLocked).
+func (s *socket) startSnapshot(m *member, reason string, charge bool) bool {
 	if m.job != nil {
 		m.job.cancel()
 		m.job = nil
@@ -592,7 +814,7 @@ func (s *socket) startSnapshotLocked(m *member, reason string) bool {
 	go func() {
 		defer s.wg.Done()
 		defer cancel()
-		s.runSnapshot(ctx, m, j, reason)
+		s.runSnapshot(ctx, m, j, reason, charge)
 	}()
 	return true
 }
@@ -602,32 +824,28 @@ func (s *socket) startSnapshotLocked(m *member, reason string) bool {
 const snapshotAttempts = 3
 
 // acquireSnapshot waits, counted as queued, for one of socketSlots (a
-// socket's; nil for none) and then one of the node's. It returns the func
-// that releases them, or nil, counting the snapshot cancelled, when ctx
-// ends first.
-func (n *Node) acquireSnapshot(ctx context.Context, socketSlots *slots) func() {
-	st := n.state
+// socket's; nil for none) and then a snapshot slot of each of keys (the
+// client's address and subject, StateConfig.PerClient). The node-wide
+// read slots are taken by the reads themselves (fill). It returns the
+// func that releases them, or nil, counting the snapshot cancelled, when
+// ctx ends first.
+func (n *Node) acquireSnapshot(ctx context.Context, socketSlots *slots, keys ...string) func() {
 	n.stats.snapshotsQueued.Add(1)
 	defer n.stats.snapshotsQueued.Add(-1)
-	cancelled := func() func() {
+	if socketSlots != nil && !socketSlots.acquire(ctx) {
 		n.snapshotEnded("cancelled", time.Time{})
 		return nil
 	}
-	if socketSlots != nil && !socketSlots.acquire(ctx) {
-		return cancelled()
-	}
-	select {
-	case st.sem <- struct{}{}:
-	case <-ctx.Done():
+	release := n.limits.acquireSnapshotSlot(ctx, keys...)
+	if release == nil {
 		if socketSlots != nil {
 			socketSlots.release()
 		}
-		return cancelled()
+		n.snapshotEnded("cancelled", time.Time{})
+		return nil
 	}
-	st.active.Add(1)
 	return func() {
-		st.active.Add(-1)
-		<-st.sem
+		release()
 		if socketSlots != nil {
 			socketSlots.release()
 		}
@@ -647,11 +865,16 @@ func (n *Node) readStateAgain(ctx context.Context, q journal.Query, reason strin
 	return res, err
 }
 
-// runSnapshot reads m's snapshot (waiting for the socket's and the node's
-// snapshot slots), then hands m to the ordinary catch-up path.
-func (s *socket) runSnapshot(ctx context.Context, m *member, j *snapJob, reason string) {
+// runSnapshot reads m's snapshot (waiting for the client's budget with
+// charge, and for the socket's and the client's snapshot slots), then
+// hands m to the ordinary catch-up path.
+func (s *socket) runSnapshot(ctx context.Context, m *member, j *snapJob, reason string, charge bool) {
 	n := s.n
-	release := n.acquireSnapshot(ctx, &s.snapSlots)
+	if charge && !n.limits.waitSnapshotToken(ctx, s.limKey[0], s.limKey[1]) {
+		n.snapshotEnded("cancelled", time.Time{})
+		return
+	}
+	release := n.acquireSnapshot(ctx, &s.snapSlots, s.limKey[0], s.limKey[1])
 	if release == nil {
 		return
 	}

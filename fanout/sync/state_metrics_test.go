@@ -78,7 +78,9 @@ func TestStateMetrics(t *testing.T) {
 	b.send(map[string]any{"t": "sub", "topic": "public.docs", "snapshot": true})
 	waitFor(t, "one snapshot reading", func() bool { return len(snapshotBackends(t, env)) == 1 })
 	bPID := snapshotBackends(t, env)[0]
-	c := dialState(env, stateToken(t, "a", true))
+	// Another tenant's snapshot needs a read of its own: it waits for
+	// the node's only read slot.
+	c := dialState(env, stateToken(t, "b", true))
 	c.ws.send(map[string]any{"t": "sub", "topic": "public.docs", "snapshot": true})
 	waitFor(t, "one snapshot queued", func() bool { return env.node.Stats().SnapshotsQueued == 1 })
 	want(scrape(), "walcast_sync_snapshots_running 1", "walcast_sync_snapshots_queued 1", `walcast_sync_snapshots_total{outcome="refused"} 1`)

@@ -74,7 +74,9 @@ func newStateEnvAt(t testing.TB, url string, mod func(*replication.Config, *Conf
 		t.Fatal(err)
 	}
 	ncfg := Config{NATS: bus.NATSConfig{URL: ns.URL()}, Journal: j, Auth: auth,
-		State:  StateConfig{SourceURL: url, MaxConcurrent: 4},
+		// Every test client has one address and one subject: the
+		// per-client share (spool_test.go tests it) would serialize them.
+		State:  StateConfig{SourceURL: url, MaxConcurrent: 4, PerClient: 64},
 		Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	if mod != nil {
 		mod(&rcfg, &ncfg)
