@@ -40,12 +40,15 @@ const spoolFileChunk = 64 << 10
 const spoolShareWindow = 2 * time.Second
 
 // spoolKey is what makes two snapshots' rows the same: the table, the
-// tenant scope and the journal epoch. Column lists and row filters are
-// per table (the node's publication), so the table stands for them.
+// tenant scope, the journal epoch and the table's catalog version. Column
+// lists, row filters and the tenant column are per table and versioned in
+// the catalog, so a spool filled under one version never serves a
+// snapshot asked for under the next (one that may refuse the table).
 type spoolKey struct {
-	entity string
-	tenant string
-	epoch  int64
+	entity  string
+	tenant  string
+	epoch   int64
+	catalog int64
 }
 
 // spoolHead is what the fill learned in the source transaction before the

@@ -316,6 +316,17 @@ func (n *Node) readState(ctx context.Context, q journal.Query, reason string, si
 
 	res := stateResult{id: st.ids.Add(1)}
 	key := spoolKey{entity: topic, tenant: q.Tenant, epoch: n.epoch.Load()}
+	if st.j != nil {
+		// The catalog version joins the key; the fill checks the entry
+		// itself (loadStateTable), so a failed read here only forgoes
+		// sharing with a spool of another version.
+		schema, table, _ := decoder.SplitEntity(topic)
+		if e, ok, err := st.j.Catalog(ctx, journal.Table{Schema: schema, Name: table}); err == nil && ok {
+			key.catalog = e.Version
+		} else if err != nil {
+			key.catalog = -res.id // this snapshot's own: shared with none
+		}
+	}
 	sp := st.attach(key, func(fctx context.Context, sp *spool) {
 		st.wg.Add(1)
 		go func() {
