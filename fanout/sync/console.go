@@ -34,7 +34,7 @@ func (n *Node) ConsoleHandler() http.Handler {
 	}))
 	mux.Handle("GET /console", http.RedirectHandler("/console/", http.StatusMovedPermanently))
 	mux.HandleFunc("GET /console/stats", n.serveConsoleStats)
-	return mux
+	return refuseBodies(mux)
 }
 
 // serveConsoleStats answers the node's counters (Stats) to a request with a
@@ -67,5 +67,5 @@ func (n *Node) HandlerWithConsole() http.Handler {
 	mux.Handle("/console", c)
 	mux.Handle("/console/", c)
 	mux.Handle("/", n.Handler())
-	return mux
+	return refuseBodies(mux)
 }

@@ -466,7 +466,8 @@ func (n *Node) Ready() (bool, string) {
 	return true, fmt.Sprintf("ready: %d sockets, %d topics; %s", len(n.sockets), len(n.topics), bus.ConnStatus(n.nc))
 }
 
-// Handler serves /v1/socket, /v1/changes and /v1/events (events.go).
+// Handler serves /v1/socket, /v1/changes, /v1/snapshot and /v1/events
+// (events.go), refusing any request with a body (web.go).
 func (n *Node) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/socket", n.serveSocket)
@@ -474,13 +475,16 @@ func (n *Node) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/snapshot", n.serveSnapshot)
 	mux.HandleFunc("GET /v1/events", n.serveEvents)
 	mux.HandleFunc("OPTIONS /v1/events", n.serveEventsPreflight)
-	return mux
+	return refuseBodies(mux)
 }
 
 // HTTPServer returns a server for Handler with the node's HTTP limits:
 // header read, response write and keep-alive idle timeouts and a header size
-// cap. An upgraded socket leaves the server's deadlines behind: its writer
-// sets a deadline per write and idle eviction bounds its reads.
+// cap. No request body is read (Handler refuses them unread), so nothing
+// is read without a deadline: headers within ReadHeaderTimeout, the next
+// request within IdleTimeout. An upgraded socket leaves the server's
+// deadlines behind: its writer sets a deadline per write and idle eviction
+// bounds its reads.
 func (n *Node) HTTPServer() *http.Server {
 	return &http.Server{
 		Handler:           n.Handler(),
