@@ -51,26 +51,6 @@ func (n *Node) eventsHeartbeat() time.Duration {
 	return min(15*time.Second, max(time.Second, n.cfg.IdleTimeout/3))
 }
 
-// serveEventsPreflight answers a CORS preflight of /v1/events: a fetch
-// from another origin that sends the token in Authorization (or
-// Last-Event-ID) asks first. Only origins the socket would accept are
-// allowed.
-func (n *Node) serveEventsPreflight(w http.ResponseWriter, r *http.Request) {
-	origin := r.Header.Get("Origin")
-	if origin == "" || !n.checkOrigin(r) {
-		n.stats.inc(&n.stats.rejected, "origin")
-		http.Error(w, "origin not allowed: list it in --allowed-origins", http.StatusForbidden)
-		return
-	}
-	h := w.Header()
-	h.Set("Access-Control-Allow-Origin", origin)
-	h.Set("Access-Control-Allow-Methods", "GET")
-	h.Set("Access-Control-Allow-Headers", "Authorization, Last-Event-ID, Accept, Cache-Control")
-	h.Set("Access-Control-Max-Age", "600")
-	h.Add("Vary", "Origin")
-	w.WriteHeader(http.StatusNoContent)
-}
-
 // eventsTopic is one subscription of a stream.
 type eventsTopic struct {
 	topic    string
@@ -133,6 +113,8 @@ func (n *Node) parseEventsQuery(r *http.Request, tenant string) ([]eventsTopic, 
 }
 
 // serveEvents streams the topics of the request as Server-Sent Events.
+// The origin was checked, and the CORS and Cache-Control headers set, by
+// Handler (api).
 func (n *Node) serveEvents(w http.ResponseWriter, r *http.Request) {
 	tok := tokenFromRequest(r)
 	// Malformed requests are answered before anything is spent on them
@@ -158,7 +140,6 @@ func (n *Node) serveEvents(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set(k, v)
 			}
 		}
-		n.setEventsCORS(w, r)
 		status := refused.status
 		if status == 0 || status == http.StatusSwitchingProtocols {
 			status = http.StatusServiceUnavailable
@@ -171,9 +152,7 @@ func (n *Node) serveEvents(w http.ResponseWriter, r *http.Request) {
 
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-store")
 	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
-	n.setEventsCORS(w, r)
 	w.WriteHeader(http.StatusOK)
 	es := &eventStream{n: n, w: w, rc: rc, conn: conn, cursors: map[string]string{}, poke: make(chan struct{}, 1),
 		inbound: newTokenBucket(n.cfg.InboundRate, n.cfg.InboundBurst, n.cfg.Clock)}
@@ -207,14 +186,6 @@ func (n *Node) serveEvents(w http.ResponseWriter, r *http.Request) {
 			Reason string `json:"reason"`
 		}{code, reason})
 		_ = es.event("close", "", b)
-	}
-}
-
-// setEventsCORS lets an allowed cross-origin page read the stream.
-func (n *Node) setEventsCORS(w http.ResponseWriter, r *http.Request) {
-	if o := r.Header.Get("Origin"); o != "" && n.checkOrigin(r) {
-		w.Header().Set("Access-Control-Allow-Origin", o)
-		w.Header().Add("Vary", "Origin")
 	}
 }
 

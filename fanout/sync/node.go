@@ -121,8 +121,10 @@ type Config struct {
 	HTTPWriteTimeout  time.Duration
 	HTTPIdleTimeout   time.Duration
 	MaxHeaderBytes    int
-	// AllowedOrigins restricts browser origins at the upgrade ("*" for any).
-	// Empty allows requests without an Origin header and same-host origins.
+	// AllowedOrigins are the browser origins, besides the node's own
+	// (same host as the request), whose pages may use the node ("*" for
+	// any). It applies only to requests that carry an Origin header: a
+	// request without one (a service, a CLI) is never refused by it.
 	AllowedOrigins []string
 	// State configures snapshots (state.go); without a source URL the node
 	// serves none.
@@ -244,6 +246,8 @@ type Node struct {
 	// entities are the entities with a journaled change (topics a "*" grant
 	// may follow), refreshed by followEntities.
 	entities atomic.Pointer[map[string]struct{}]
+
+	refusedOrigins originLog // refused origins already logged (web.go)
 
 	warnMu   sync.Mutex           // guards warnedAt
 	warnedAt map[string]time.Time // when each repeating warning was last logged
@@ -467,14 +471,17 @@ func (n *Node) Ready() (bool, string) {
 }
 
 // Handler serves /v1/socket, /v1/changes, /v1/snapshot and /v1/events
-// (events.go), refusing any request with a body (web.go).
+// (events.go), refusing any request with a body and any Origin that is not
+// allowed (web.go).
 func (n *Node) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/socket", n.serveSocket)
-	mux.HandleFunc("GET /v1/changes", n.serveChanges)
-	mux.HandleFunc("GET /v1/snapshot", n.serveSnapshot)
-	mux.HandleFunc("GET /v1/events", n.serveEvents)
-	mux.HandleFunc("OPTIONS /v1/events", n.serveEventsPreflight)
+	mux.HandleFunc("GET /v1/socket", n.originGuard(n.serveSocket))
+	mux.HandleFunc("GET /v1/changes", n.api(n.serveChanges))
+	mux.HandleFunc("GET /v1/snapshot", n.api(n.serveSnapshot))
+	mux.HandleFunc("GET /v1/events", n.api(n.serveEvents))
+	for _, p := range []string{"/v1/changes", "/v1/snapshot", "/v1/events"} {
+		mux.HandleFunc("OPTIONS "+p, n.servePreflight)
+	}
 	return refuseBodies(mux)
 }
 
@@ -576,31 +583,6 @@ func (n *Node) sweepIdle() {
 			s.closeExpired()
 		}
 	}
-}
-
-func (n *Node) checkOrigin(r *http.Request) bool {
-	origin := r.Header.Get("Origin")
-	if len(n.cfg.AllowedOrigins) == 0 {
-		if origin == "" {
-			return true
-		}
-		return sameHost(origin, r.Host)
-	}
-	for _, o := range n.cfg.AllowedOrigins {
-		if o == "*" || o == origin {
-			return true
-		}
-	}
-	return false
-}
-
-func sameHost(origin, host string) bool {
-	for _, p := range []string{"http://", "https://"} {
-		if len(origin) > len(p) && origin[:len(p)] == p {
-			return origin[len(p):] == host
-		}
-	}
-	return false
 }
 
 // syncTopic is the node's state for one entity while it has members: its
