@@ -9,11 +9,19 @@ import (
 	"time"
 )
 
+// verifiedClaimsKey is the context key of claims already verified for a
+// request: an event stream's handshake (openEventsSocket) carries the
+// claims serveEvents verified. Only the node sets it; a client cannot.
+type verifiedClaimsKey struct{}
+
 // authenticate verifies a request's token (socket handshake or
 // /v1/changes). A refusal is logged at debug level with the URL redacted
 // (redactedURL): a token in the query string is a credential and never
 // reaches the log. The error is fit for the client.
 func (n *Node) authenticate(r *http.Request) (*Claims, error) {
+	if c, ok := r.Context().Value(verifiedClaimsKey{}).(*Claims); ok && c != nil {
+		return c, nil
+	}
 	c, err := n.cfg.Auth.Verify(tokenFromRequest(r))
 	if err != nil {
 		n.log.Debug("request refused: token not accepted", "path", r.URL.Path, "url", redactedURL(r.URL),
