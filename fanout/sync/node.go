@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -426,6 +427,58 @@ const maxKnownEntities = 100000
 func (n *Node) known(entity string) bool {
 	_, ok := (*n.entities.Load())[entity]
 	return ok
+}
+
+// Topic refusals of checkTopic. An unknown topic gets the same answer
+// whatever the reason (no such table, a table the node's role may not read,
+// one that is not published, a system catalog): the answer comes from the
+// journal's entity list alone, before any database work, so it says
+// nothing about the source database.
+const (
+	msgTopicTooLong  = "a topic is at most %d bytes"
+	msgTopicNotEnt   = "a topic is an entity, schema.table"
+	msgTopicNotGrant = "the token does not grant this topic"
+	msgTopicUnknown  = "no change of this entity has been journaled; subscribe to an existing entity (a new table is known within seconds of its first change)"
+)
+
+// checkTopic is the one check of a topic a client names, on the socket,
+// the event stream, GET /v1/changes and GET /v1/snapshot, made before
+// anything is spent on it (no NATS subscription, no goroutine, no query):
+// at most MaxTopicBytes, an entity name (decoder.SplitEntity), granted by
+// the claims, and — when granted only by "*" — an entity the journal has
+// changes of (known). A topic the token names explicitly is accepted: its
+// issuer vouches for it. It returns "" or the refusal's code (bad-topic,
+// forbidden, unknown-topic) and a message for the client.
+func (n *Node) checkTopic(c *Claims, topic string) (code, msg string) {
+	switch {
+	case len(topic) > MaxTopicBytes:
+		return "bad-topic", fmt.Sprintf(msgTopicTooLong, MaxTopicBytes)
+	case !isEntity(topic):
+		return "bad-topic", msgTopicNotEnt
+	case slices.Contains(c.Topics, topic):
+		return "", ""
+	case !c.Allows(topic):
+		return "forbidden", msgTopicNotGrant
+	case !n.known(topic):
+		return "unknown-topic", msgTopicUnknown
+	}
+	return "", ""
+}
+
+func isEntity(topic string) bool {
+	_, _, ok := decoder.SplitEntity(topic)
+	return ok
+}
+
+// topicStatus is the HTTP status of a checkTopic refusal.
+func topicStatus(code string) int {
+	switch code {
+	case "forbidden":
+		return http.StatusForbidden
+	case "unknown-topic":
+		return http.StatusNotFound
+	}
+	return http.StatusBadRequest
 }
 
 // followEntities re-reads the entity list every entityRefresh while the
