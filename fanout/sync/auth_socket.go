@@ -78,7 +78,9 @@ func (s *socket) closeExpired() {
 // refresh never widens, and may narrow, what the socket sees. It is
 // answered with {"t":"refreshed","exp":<unix seconds>} or an error frame
 // (bad-token, forbidden); a refused refresh leaves the old token in force
-// until its exp. Runs on the reading goroutine, which owns s.claims and
+// until its exp. A new token without the snapshot claim takes it from the
+// existing subscriptions too: a resync the node answers later is a plain
+// resync, not a snapshot (a snapshot already running finishes). Runs on the reading goroutine, which owns s.claims and
 // s.members.
 func (s *socket) refresh(tok string) {
 	c, err := s.n.cfg.Auth.Verify(tok)
@@ -102,6 +104,15 @@ func (s *socket) refresh(tok string) {
 		s.enqueue(errorFrame("forbidden", "the refreshed token does not grant this topic; unsubscribed", m.topic), nil)
 		return true
 	})
+	if !c.Snapshot {
+		// The claim is gone: no subscription may be answered with a
+		// snapshot any more (a later resync gets a plain resync).
+		for _, m := range s.members {
+			m.t.mu.Lock()
+			m.snapshot = false
+			m.t.mu.Unlock()
+		}
+	}
 	s.n.mu.Lock() // the sweep reads s.claims under n.mu
 	s.claims = c
 	s.n.mu.Unlock()
