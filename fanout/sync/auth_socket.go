@@ -80,8 +80,8 @@ func (s *socket) closeExpired() {
 // (bad-token, forbidden); a refused refresh leaves the old token in force
 // until its exp. A new token without the snapshot claim takes it from the
 // existing subscriptions too: a resync the node answers later is a plain
-// resync, not a snapshot (a snapshot already running finishes). Runs on the reading goroutine, which owns s.claims and
-// s.members.
+// resync, not a snapshot (a snapshot already running finishes). Runs on
+// the reading goroutine, which owns s.claims and s.members.
 func (s *socket) refresh(tok string) {
 	c, err := s.n.cfg.Auth.Verify(tok)
 	if err != nil {

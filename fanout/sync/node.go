@@ -429,18 +429,6 @@ func (n *Node) known(entity string) bool {
 	return ok
 }
 
-// Topic refusals of checkTopic. An unknown topic gets the same answer
-// whatever the reason (no such table, a table the node's role may not read,
-// one that is not published, a system catalog): the answer comes from the
-// journal's entity list alone, before any database work, so it says
-// nothing about the source database.
-const (
-	msgTopicTooLong  = "a topic is at most %d bytes"
-	msgTopicNotEnt   = "a topic is an entity, schema.table"
-	msgTopicNotGrant = "the token does not grant this topic"
-	msgTopicUnknown  = "no change of this entity has been journaled; subscribe to an existing entity (a new table is known within seconds of its first change)"
-)
-
 // checkTopic is the one check of a topic a client names, on the socket,
 // the event stream, GET /v1/changes and GET /v1/snapshot, made before
 // anything is spent on it (no NATS subscription, no goroutine, no query):
@@ -449,18 +437,23 @@ const (
 // changes of (known). A topic the token names explicitly is accepted: its
 // issuer vouches for it. It returns "" or the refusal's code (bad-topic,
 // forbidden, unknown-topic) and a message for the client.
+//
+// An unknown topic gets the same answer whatever the reason (no such
+// table, one the node's role may not read, one that is not published, a
+// system catalog): it comes from the journal's entity list alone, so it
+// says nothing about the source database.
 func (n *Node) checkTopic(c *Claims, topic string) (code, msg string) {
 	switch {
 	case len(topic) > MaxTopicBytes:
-		return "bad-topic", fmt.Sprintf(msgTopicTooLong, MaxTopicBytes)
+		return "bad-topic", fmt.Sprintf("a topic is at most %d bytes", MaxTopicBytes)
 	case !isEntity(topic):
-		return "bad-topic", msgTopicNotEnt
+		return "bad-topic", "a topic is an entity, schema.table"
 	case slices.Contains(c.Topics, topic):
 		return "", ""
 	case !c.Allows(topic):
-		return "forbidden", msgTopicNotGrant
+		return "forbidden", "the token does not grant this topic"
 	case !n.known(topic):
-		return "unknown-topic", msgTopicUnknown
+		return "unknown-topic", "no change of this entity has been journaled; name an existing entity (a new table is known within seconds of its first change)"
 	}
 	return "", ""
 }
