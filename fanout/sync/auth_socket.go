@@ -2,6 +2,7 @@ package sync
 
 import (
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"slices"
@@ -23,7 +24,9 @@ func (n *Node) authenticate(r *http.Request) (*Claims, error) {
 		return c, nil
 	}
 	c, err := n.cfg.Auth.Verify(tokenFromRequest(r))
-	if err != nil {
+	// The redacted URL is built only for a log that keeps it: a refusal
+	// must stay cheap whatever the length of the URL.
+	if err != nil && n.log.Enabled(r.Context(), slog.LevelDebug) {
 		n.log.Debug("request refused: token not accepted", "path", r.URL.Path, "url", redactedURL(r.URL),
 			"remote", r.RemoteAddr, "err", err)
 	}

@@ -86,3 +86,31 @@ func TestEventsCursorMatchLinear(t *testing.T) {
 		t.Fatalf("matching made %.0f allocations, more than %.0f", allocs, limit)
 	}
 }
+
+// BenchmarkEventsRefusedLongURL: the cost of refusing a tokenless event
+// stream of 256 topics and 100 cursors (compare with a plain 401: run with
+// -bench EventsRefused -benchmem).
+func BenchmarkEventsRefusedLongURL(b *testing.B) {
+	e := newSyncEnv(b)
+	forged, err := e.j.CursorAt(journal.Query{Entities: []string{"public.zz"}}, 0, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	q := url.Values{}
+	for i := range 256 {
+		q.Add("topic", "public.t"+strings.Repeat("x", i%40)+string(rune('a'+i%26)))
+	}
+	for range 100 {
+		q.Add("cursor", forged)
+	}
+	target := "/v1/events?" + q.Encode()
+	h := e.node.Handler()
+	b.ReportAllocs()
+	for b.Loop() {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", target, nil))
+		if w.Code != http.StatusUnauthorized {
+			b.Fatalf("status %d", w.Code)
+		}
+	}
+}
