@@ -38,6 +38,11 @@ func (n *Node) ConsoleHandler() http.Handler {
 		h.Set("Content-Security-Policy", csp)
 		h.Set("X-Frame-Options", "DENY")
 		h.Set("Referrer-Policy", "no-referrer")
+		if r.URL.Path == "/console/walcast.js" {
+			// The client module, for pages of allowed origins to import
+			// (a module script is fetched with CORS).
+			n.setCORS(w, r)
+		}
 		files.ServeHTTP(w, r)
 	}))
 	mux.Handle("GET /console", http.RedirectHandler("/console/", http.StatusMovedPermanently))

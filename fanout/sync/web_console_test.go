@@ -35,3 +35,25 @@ func TestConsoleHeaders(t *testing.T) {
 		}
 	}
 }
+
+// TestConsoleModuleCORS: a page of an allowed origin may import
+// /console/walcast.js (module scripts are fetched with CORS); other
+// origins get no Access-Control-Allow-Origin. Before, none did.
+func TestConsoleModuleCORS(t *testing.T) {
+	const app = "https://app.example.com"
+	e := newSyncEnv(t, func(c *Config) { c.AllowedOrigins = []string{app} })
+	srv := httptest.NewServer(e.node.HandlerWithConsole())
+	defer srv.Close()
+	for origin, want := range map[string]string{app: app, "https://evil.example": ""} {
+		req, _ := http.NewRequest("GET", srv.URL+"/console/walcast.js", nil)
+		req.Header.Set("Origin", origin)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Access-Control-Allow-Origin") != want {
+			t.Fatalf("walcast.js for %s: %d, Access-Control-Allow-Origin %q, want %q", origin, resp.StatusCode, resp.Header.Get("Access-Control-Allow-Origin"), want)
+		}
+	}
+}
