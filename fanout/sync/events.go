@@ -141,7 +141,7 @@ func (n *Node) matchCursors(topics []eventsTopic, cursors []string, tenant strin
 // cursorScope returns the scope hash a cursor carries, without
 // authenticating it. The layout is the journal's (journal/cursor.go):
 // base64url of version 2 | journal(16) | epoch(8) | position(8) | scope(16)
-// | MAC(32), or version 1 without the epoch; TestEventsCursorScope keeps the
+// | MAC(32), or version 1 without the epoch; TestEventsCursorMatchLinear keeps the
 // two in step.
 func cursorScope(s string) ([16]byte, bool) {
 	var k [16]byte
