@@ -2,7 +2,7 @@ package sync
 
 import (
 	"net/http"
-	"strings"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -71,7 +71,10 @@ func (n *Node) refuseOrigin(w http.ResponseWriter, r *http.Request) {
 	n.stats.inc(&n.stats.rejected, "origin")
 	n.refusedOrigins.note(n, origin)
 	w.Header().Set("Cache-Control", "no-store")
-	http.Error(w, "origin "+quoteOrigin(origin)+" is not allowed: add it to the node's --allowed-origins", http.StatusForbidden)
+	if len(origin) > maxOriginBytes {
+		origin = origin[:maxOriginBytes] + "…"
+	}
+	http.Error(w, "origin "+strconv.Quote(origin)+" is not allowed: add it to the node's --allowed-origins", http.StatusForbidden)
 }
 
 // maxLoggedOrigins bounds the refused origins remembered so that each is
@@ -114,19 +117,6 @@ func (l *originLog) note(n *Node, origin string) {
 	}
 	n.log.Warn("request refused: its Origin is not allowed (logged once per origin)", "origin", origin,
 		"fix", "add it to --allowed-origins if pages of that origin should use this node")
-}
-
-// quoteOrigin quotes s for a response body, cut to maxOriginBytes.
-func quoteOrigin(s string) string {
-	if len(s) > maxOriginBytes {
-		s = s[:maxOriginBytes] + "…"
-	}
-	return `"` + strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f || r == '"' {
-			return '?'
-		}
-		return r
-	}, s) + `"`
 }
 
 // originGuard refuses a request whose Origin is not allowed before h runs.
