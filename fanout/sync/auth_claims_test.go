@@ -8,6 +8,10 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 )
 
+// TestTokenTimeClaimsMustBeNumbers: exp, nbf and iat are JSON numbers
+// (RFC 7519 NumericDate); one written as a string fails the token, as a
+// wrong-type claim does. Before, "exp":"99999999999" was read as a time
+// (golang-jwt reads dates through json.Number, which takes quoted numbers).
 func TestTokenTimeClaimsMustBeNumbers(t *testing.T) {
 	auth, err := NewHMACAuth(syncJWTSecret)
 	if err != nil {

@@ -10,8 +10,10 @@ import (
 	"github.com/walcast/walcast/journal"
 )
 
-func TestEventsTokenlessCostsNoCursorWork(t *testing.T) {
-	e := newSyncEnv(t)
+// longEventsURL is an event stream request of 256 topics and 100 cursors
+// (authentic, of another topic): about 19 KB, near the header cap.
+func longEventsURL(t testing.TB, e *syncEnv) string {
+	t.Helper()
 	forged, err := e.j.CursorAt(journal.Query{Entities: []string{"public.zz"}}, 0, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -23,7 +25,17 @@ func TestEventsTokenlessCostsNoCursorWork(t *testing.T) {
 	for range 100 {
 		q.Add("cursor", forged)
 	}
-	target := "/v1/events?" + q.Encode()
+	return "/v1/events?" + q.Encode()
+}
+
+// TestEventsTokenlessCostsNoCursorWork: a request without a valid token is
+// refused before its topics and cursors are looked at. Before, every
+// (cursor, topic) pair was checked (a MAC, base64 and a scope hash each)
+// first: a 19 KB URL of 256 topics and 100 forged cursors cost about a
+// thousand times a plain 401. Measured in allocations, not time.
+func TestEventsTokenlessCostsNoCursorWork(t *testing.T) {
+	e := newSyncEnv(t)
+	target := longEventsURL(t, e)
 	h := e.node.Handler()
 	plain := testing.AllocsPerRun(20, func() {
 		w := httptest.NewRecorder()
@@ -44,6 +56,10 @@ func TestEventsTokenlessCostsNoCursorWork(t *testing.T) {
 	}
 }
 
+// TestEventsCursorMatchLinear: matching C cursors to T topics costs at
+// most one MAC per cursor and per topic; a cursor of each topic finds its
+// topic whatever the order, and the scope hash read from a cursor is the
+// journal's (cursorScope follows journal/cursor.go's layout).
 func TestEventsCursorMatchLinear(t *testing.T) {
 	e := newSyncEnv(t)
 	var topics []eventsTopic
@@ -92,18 +108,7 @@ func TestEventsCursorMatchLinear(t *testing.T) {
 // -bench EventsRefused -benchmem).
 func BenchmarkEventsRefusedLongURL(b *testing.B) {
 	e := newSyncEnv(b)
-	forged, err := e.j.CursorAt(journal.Query{Entities: []string{"public.zz"}}, 0, 1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	q := url.Values{}
-	for i := range 256 {
-		q.Add("topic", "public.t"+strings.Repeat("x", i%40)+string(rune('a'+i%26)))
-	}
-	for range 100 {
-		q.Add("cursor", forged)
-	}
-	target := "/v1/events?" + q.Encode()
+	target := longEventsURL(b, e)
 	h := e.node.Handler()
 	b.ReportAllocs()
 	for b.Loop() {

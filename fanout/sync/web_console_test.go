@@ -10,6 +10,8 @@ import (
 	"testing"
 )
 
+// TestConsoleHeaders: the console's pages may not be framed, run only
+// their own scripts, and their one inline style block is allowed by hash.
 func TestConsoleHeaders(t *testing.T) {
 	e := newSyncEnv(t)
 	srv := httptest.NewServer(e.node.HandlerWithConsole())

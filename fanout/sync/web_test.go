@@ -16,6 +16,8 @@ import (
 	"github.com/gorilla/websocket"
 )
 
+// get sends GET path with the token (if any) and headers, and returns the
+// response with its body read.
 func (e *syncEnv) get(path, tok string, hdr map[string]string) (*http.Response, string) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -44,6 +46,7 @@ func (e *syncEnv) get(path, tok string, hdr map[string]string) (*http.Response, 
 	return resp, string(b)
 }
 
+// dialOrigin opens a socket with the given Origin header ("" for none).
 func (e *syncEnv) dialOrigin(tok, origin string) (*http.Response, error) {
 	e.t.Helper()
 	h := http.Header{}
@@ -57,6 +60,13 @@ func (e *syncEnv) dialOrigin(tok, origin string) (*http.Response, error) {
 	return resp, err
 }
 
+// TestOriginRule: --allowed-origins applies to requests with an Origin
+// header only. A service, a CLI or curl (no Origin) is never refused; the
+// node's own origin (its console) is always allowed; a listed origin is
+// allowed and may read /v1/changes and /v1/snapshot across origins (CORS,
+// no credentials); any other origin gets 403 saying what to do, on every
+// endpoint, counted, and logged once per origin. Before, a list locked
+// out every request without an Origin and the node's own pages.
 func TestOriginRule(t *testing.T) {
 	var logs bytes.Buffer
 	var logMu sync.Mutex
@@ -132,6 +142,8 @@ func TestOriginRule(t *testing.T) {
 	}
 }
 
+// TestOriginRuleWithoutList: without --allowed-origins the node's own
+// origin and requests without one are allowed, other origins refused.
 func TestOriginRuleWithoutList(t *testing.T) {
 	e := newSyncEnv(t)
 	tok := token(t, []string{orders}, "", time.Hour)
@@ -143,6 +155,8 @@ func TestOriginRuleWithoutList(t *testing.T) {
 	}
 }
 
+// TestOriginLogBounded: however many origins are refused, the node
+// remembers at most maxLoggedOrigins of them, each cut to maxOriginBytes.
 func TestOriginLogBounded(t *testing.T) {
 	e := newSyncEnv(t)
 	for i := range maxLoggedOrigins + 500 {
@@ -162,6 +176,8 @@ func TestOriginLogBounded(t *testing.T) {
 	}
 }
 
+// TestHTTPNoStore: the HTTP reads carry rows, cursors and possibly a token
+// in the URL: no cache may keep them, errors included.
 func TestHTTPNoStore(t *testing.T) {
 	e := newSyncEnv(t)
 	e.commit(ins(orders, 1))
