@@ -111,7 +111,7 @@ Exit status: 0 after a clean stop (SIGINT/SIGTERM), 1 when the node fails,
 	f.IntVar(&sf.cfg.MaxFrameBytes, "max-frame-bytes", syncnode.DefaultMaxFrameBytes, "largest frame a client may send (larger closes with 4400)")
 	f.StringVar(&sf.tlsCert, "tls-cert-file", "", "serve HTTPS/WSS with this certificate (with --tls-key-file)")
 	f.StringVar(&sf.tlsKey, "tls-key-file", "", "key of --tls-cert-file")
-	f.StringSliceVar(&sf.origins, "allowed-origins", nil, "browser origins allowed at the upgrade (\"*\" for any; default: same host or none)")
+	f.StringSliceVar(&sf.origins, "allowed-origins", nil, "browser origins, besides the node's own, whose pages may use the node (\"*\" for any); applies only to requests with an Origin header")
 	f.BoolVar(&sf.console, "console", false, "also serve the live console at /console (paste a token, watch topics) and the browser client at /console/walcast.js")
 	f.StringVar(&sf.cfg.State.SourceURL, "database-url", "", "source database for snapshots (\"snapshot\":true subscriptions, GET /v1/snapshot), read with a read-only role; empty: no snapshots")
 	f.IntVar(&sf.cfg.State.MaxConcurrent, "max-concurrent-snapshots", syncnode.DefaultMaxConcurrentSnapshots, "reads of the source for snapshots at once on this node (the size of its source connection pool); more wait")

@@ -341,7 +341,8 @@ func (c *Client) send(v map[string]any) error {
 }
 
 // Next returns the next event. After Close, or when the node refuses the
-// client for good (a 401 on reconnect), it returns the error.
+// client for good (a 403 on reconnect, or a 401 a new token does not
+// cure), it returns the error: a *HandshakeError for those.
 func (c *Client) Next(ctx context.Context) (Event, error) {
 	select {
 	case ev, ok := <-c.events:
@@ -444,6 +445,12 @@ func (c *Client) run(conn *websocket.Conn) {
 			}
 			conn, err = c.dial(c.ctx)
 			var he *HandshakeError
+			if errors.As(err, &he) && he.Status == http.StatusForbidden {
+				// The node refuses the connection itself (its origin
+				// rule): the same request would be refused again.
+				c.setErr(err)
+				return
+			}
 			if errors.As(err, &he) && he.Status == http.StatusUnauthorized {
 				// A 401 with a token source may be a token that went stale
 				// in flight: try a few new ones before giving up.

@@ -55,8 +55,15 @@ func (c *Claims) UnmarshalJSON(b []byte) error {
 		return nil
 	}
 	date := func(key string) (*jwt.NumericDate, error) {
-		if raw, ok := m[key]; !ok || string(raw) == "null" {
+		raw, ok := m[key]
+		if !ok || string(raw) == "null" {
 			return nil, nil
+		}
+		// jwt.NumericDate reads through json.Number, which takes a
+		// string holding a number ("exp":"99999999999") as well: a time
+		// claim must be a JSON number (RFC 7519 §2, NumericDate).
+		if len(raw) == 0 || (raw[0] != '-' && (raw[0] < '0' || raw[0] > '9')) {
+			return nil, fmt.Errorf("claim %q: not a JSON number (seconds since the epoch)", key)
 		}
 		d := new(jwt.NumericDate)
 		return d, field(key, d)

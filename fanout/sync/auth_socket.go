@@ -2,6 +2,7 @@ package sync
 
 import (
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"slices"
@@ -9,13 +10,23 @@ import (
 	"time"
 )
 
+// verifiedClaimsKey is the context key of claims already verified for a
+// request: an event stream's handshake (openEventsSocket) carries the
+// claims serveEvents verified. Only the node sets it; a client cannot.
+type verifiedClaimsKey struct{}
+
 // authenticate verifies a request's token (socket handshake or
 // /v1/changes). A refusal is logged at debug level with the URL redacted
 // (redactedURL): a token in the query string is a credential and never
 // reaches the log. The error is fit for the client.
 func (n *Node) authenticate(r *http.Request) (*Claims, error) {
+	if c, ok := r.Context().Value(verifiedClaimsKey{}).(*Claims); ok && c != nil {
+		return c, nil
+	}
 	c, err := n.cfg.Auth.Verify(tokenFromRequest(r))
-	if err != nil {
+	// The redacted URL is built only for a log that keeps it: a refusal
+	// must stay cheap whatever the length of the URL.
+	if err != nil && n.log.Enabled(r.Context(), slog.LevelDebug) {
 		n.log.Debug("request refused: token not accepted", "path", r.URL.Path, "url", redactedURL(r.URL),
 			"remote", r.RemoteAddr, "err", err)
 	}
@@ -70,8 +81,10 @@ func (s *socket) closeExpired() {
 // refresh never widens, and may narrow, what the socket sees. It is
 // answered with {"t":"refreshed","exp":<unix seconds>} or an error frame
 // (bad-token, forbidden); a refused refresh leaves the old token in force
-// until its exp. Runs on the reading goroutine, which owns s.claims and
-// s.members.
+// until its exp. A new token without the snapshot claim takes it from the
+// existing subscriptions too: a resync the node answers later is a plain
+// resync, not a snapshot (a snapshot already running finishes). Runs on
+// the reading goroutine, which owns s.claims and s.members.
 func (s *socket) refresh(tok string) {
 	c, err := s.n.cfg.Auth.Verify(tok)
 	if err != nil {
@@ -94,6 +107,15 @@ func (s *socket) refresh(tok string) {
 		s.enqueue(errorFrame("forbidden", "the refreshed token does not grant this topic; unsubscribed", m.topic), nil)
 		return true
 	})
+	if !c.Snapshot {
+		// The claim is gone: no subscription may be answered with a
+		// snapshot any more (a later resync gets a plain resync).
+		for _, m := range s.members {
+			m.t.mu.Lock()
+			m.snapshot = false
+			m.t.mu.Unlock()
+		}
+	}
 	s.n.mu.Lock() // the sweep reads s.claims under n.mu
 	s.claims = c
 	s.n.mu.Unlock()

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/journal"
 )
 
@@ -50,16 +49,8 @@ func (n *Node) serveChanges(w http.ResponseWriter, r *http.Request) {
 	defer done()
 	qv := r.URL.Query()
 	topic := qv.Get("topic")
-	if len(topic) > MaxTopicBytes {
-		writeJSONError(w, http.StatusBadRequest, "bad-topic", "topic too long")
-		return
-	}
-	if _, _, ok := decoder.SplitEntity(topic); !ok {
-		writeJSONError(w, http.StatusBadRequest, "bad-topic", "topic must be an entity, schema.table")
-		return
-	}
-	if !claims.Allows(topic) {
-		writeJSONError(w, http.StatusForbidden, "forbidden", "the token does not grant this topic")
+	if code, msg := n.checkTopic(claims, topic); code != "" {
+		writeJSONError(w, topicStatus(code), code, msg)
 		return
 	}
 	q := journal.Query{Entities: []string{topic}, Tenant: claims.Tenant, Cursor: qv.Get("cursor")}

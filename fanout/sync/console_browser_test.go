@@ -126,8 +126,11 @@ func TestBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// --allowed-origins lists another site's origin, as a deployment for a
+	// separate app does: the node's own pages (the console, the test
+	// pages) are still allowed.
 	rn := &restartableNode{t: t, e: e, addr: "127.0.0.1:0",
-		cfg: Config{NATS: bus.NATSConfig{URL: e.nats.URL()}, Journal: e.j, Auth: auth}}
+		cfg: Config{NATS: bus.NATSConfig{URL: e.nats.URL()}, Journal: e.j, Auth: auth, AllowedOrigins: []string{"https://app.example.com"}}}
 	rn.start()
 	t.Cleanup(rn.stop)
 	base := "http://" + rn.addr

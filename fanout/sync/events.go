@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -51,26 +52,6 @@ func (n *Node) eventsHeartbeat() time.Duration {
 	return min(15*time.Second, max(time.Second, n.cfg.IdleTimeout/3))
 }
 
-// serveEventsPreflight answers a CORS preflight of /v1/events: a fetch
-// from another origin that sends the token in Authorization (or
-// Last-Event-ID) asks first. Only origins the socket would accept are
-// allowed.
-func (n *Node) serveEventsPreflight(w http.ResponseWriter, r *http.Request) {
-	origin := r.Header.Get("Origin")
-	if origin == "" || !n.checkOrigin(r) {
-		n.stats.inc(&n.stats.rejected, "origin")
-		http.Error(w, "origin not allowed: list it in --allowed-origins", http.StatusForbidden)
-		return
-	}
-	h := w.Header()
-	h.Set("Access-Control-Allow-Origin", origin)
-	h.Set("Access-Control-Allow-Methods", "GET")
-	h.Set("Access-Control-Allow-Headers", "Authorization, Last-Event-ID, Accept, Cache-Control")
-	h.Set("Access-Control-Max-Age", "600")
-	h.Add("Vary", "Origin")
-	w.WriteHeader(http.StatusNoContent)
-}
-
 // eventsTopic is one subscription of a stream.
 type eventsTopic struct {
 	topic    string
@@ -78,29 +59,31 @@ type eventsTopic struct {
 	snapshot bool
 }
 
-// parseEventsQuery reads the stream's topics and matches its cursors (the
-// query's and Last-Event-ID, which comes first: it is the newest) to the
-// topics they were issued for. It returns a message for the client when
-// the request is malformed, and the cursors that match no topic.
-func (n *Node) parseEventsQuery(r *http.Request, tenant string) ([]eventsTopic, []string, string) {
+// parseEventsQuery reads the stream's topics and cursors (the query's and
+// Last-Event-ID, which comes first: it is the newest). It only counts
+// them; matching cursors to topics is matchCursors, once the socket is
+// open. It returns a message for the client when the request is
+// malformed.
+func parseEventsQuery(r *http.Request) ([]eventsTopic, []string, string) {
 	q := r.URL.Query()
-	var topics []eventsTopic
-	for _, t := range q["topic"] {
-		if !slices.ContainsFunc(topics, func(e eventsTopic) bool { return e.topic == t }) {
+	raw := q["topic"]
+	if len(raw) > maxTopicsPerSocket {
+		return nil, nil, fmt.Sprintf("a stream may follow at most %d topics", maxTopicsPerSocket)
+	}
+	topics := make([]eventsTopic, 0, len(raw))
+	index := make(map[string]int, len(raw))
+	for _, t := range raw {
+		if _, dup := index[t]; !dup {
+			index[t] = len(topics)
 			topics = append(topics, eventsTopic{topic: t})
 		}
 	}
-	switch {
-	case len(topics) == 0:
+	if len(topics) == 0 {
 		return nil, nil, "give at least one topic: /v1/events?topic=schema.table (several topic parameters for several topics)"
-	case len(topics) > maxTopicsPerSocket:
-		return nil, nil, fmt.Sprintf("a stream may follow at most %d topics", maxTopicsPerSocket)
 	}
 	for _, s := range q["snapshot"] {
-		for i := range topics {
-			if topics[i].topic == s {
-				topics[i].snapshot = true
-			}
+		if i, ok := index[s]; ok {
+			topics[i].snapshot = true
 		}
 	}
 	cursors := q["cursor"]
@@ -110,39 +93,92 @@ func (n *Node) parseEventsQuery(r *http.Request, tenant string) ([]eventsTopic, 
 	if len(cursors) > len(topics)+1 {
 		return nil, nil, "more cursor parameters than topics: give at most one cursor per topic"
 	}
+	return topics, cursors, ""
+}
+
+// matchCursors gives each topic the first of cursors (the newest first)
+// issued for it in the tenant's scope, and returns the cursors issued for
+// none of the topics, or not authentic. A cursor is matched by its scope
+// hash through a map and authenticated only when it matches, once: a
+// request costs at most one MAC per topic and one per cursor, not one per
+// (cursor, topic) pair. A matched cursor the socket cannot serve (a
+// rotated secret, another journal) is left for the socket to judge, as a
+// sub frame's cursor is.
+func (n *Node) matchCursors(topics []eventsTopic, cursors []string, tenant string) []string {
+	if len(cursors) == 0 {
+		return nil
+	}
+	byScope := make(map[[16]byte]int, len(topics))
+	for i := range topics {
+		cur, err := n.j.CursorAt(journal.Query{Entities: []string{topics[i].topic}, Tenant: tenant}, 0, 0)
+		if err != nil {
+			continue // no cursor can match it; the socket reports the topic itself
+		}
+		if k, ok := cursorScope(cur); ok {
+			if _, dup := byScope[k]; !dup {
+				byScope[k] = i
+			}
+		}
+	}
 	var unmatched []string
 	for _, c := range cursors {
-		matched := false
-		for i := range topics {
-			_, _, _, err := n.j.CheckCursor(journal.Query{Entities: []string{topics[i].topic}, Tenant: tenant, Cursor: c})
-			if !errors.Is(err, journal.ErrCursorScope) && !errors.Is(err, journal.ErrCursorTampered) {
-				// This topic's (or one the socket will judge: a rotated
-				// secret, another journal). The first, newest, wins.
+		k, ok := cursorScope(c)
+		i, found := byScope[k]
+		if ok && found {
+			_, err := n.j.CursorPosition(c) // authentic under a current or previous secret
+			if err == nil {
 				if topics[i].cursor == "" {
 					topics[i].cursor = c
 				}
-				matched = true
-				break
+				continue
 			}
 		}
-		if !matched {
-			unmatched = append(unmatched, c)
-		}
+		unmatched = append(unmatched, c)
 	}
-	return topics, unmatched, ""
+	return unmatched
+}
+
+// cursorScope returns the scope hash a cursor carries, without
+// authenticating it. The layout is the journal's (journal/cursor.go):
+// base64url of version 2 | journal(16) | epoch(8) | position(8) | scope(16)
+// | MAC(32), or version 1 without the epoch; TestEventsCursorMatchLinear keeps the
+// two in step.
+func cursorScope(s string) ([16]byte, bool) {
+	var k [16]byte
+	if len(s) > 128 {
+		return k, false
+	}
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return k, false
+	}
+	var off int
+	switch {
+	case len(b) == 1+16+8+8+16+32 && b[0] == 2:
+		off = 1 + 16 + 8 + 8
+	case len(b) == 1+16+8+16+32 && b[0] == 1:
+		off = 1 + 16 + 8
+	default:
+		return k, false
+	}
+	copy(k[:], b[off:off+16])
+	return k, true
 }
 
 // serveEvents streams the topics of the request as Server-Sent Events.
+// The origin was checked by Handler (api). The token is verified first,
+// once: a request without a valid one costs nothing per topic or cursor.
+// The socket's handshake then applies the budgets and limits, with the
+// claims verified here; only then are the cursors matched to the topics.
 func (n *Node) serveEvents(w http.ResponseWriter, r *http.Request) {
-	tok := tokenFromRequest(r)
-	// Malformed requests are answered before anything is spent on them
-	// (the tenant is needed only to match cursors; a token that does not
-	// verify is refused below by serveSocket, counted and logged there).
-	var tenant string
-	if c, err := n.cfg.Auth.Verify(tok); err == nil {
-		tenant = c.Tenant
+	claims, err := n.authenticate(r)
+	if err != nil {
+		n.stats.inc(&n.stats.rejected, "unauthorized")
+		w.Header().Set("WWW-Authenticate", `Bearer realm="walcast"`)
+		http.Error(w, err.Error(), http.StatusUnauthorized)
+		return
 	}
-	topics, unmatched, bad := n.parseEventsQuery(r, tenant)
+	topics, cursors, bad := parseEventsQuery(r)
 	if bad != "" {
 		http.Error(w, bad, http.StatusBadRequest)
 		return
@@ -151,14 +187,13 @@ func (n *Node) serveEvents(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 
-	conn, refused := n.openEventsSocket(ctx, r, tok)
+	conn, refused := n.openEventsSocket(ctx, r, claims)
 	if conn == nil {
 		for _, k := range []string{"WWW-Authenticate", "Retry-After", "Content-Type"} {
 			if v := refused.header.Get(k); v != "" {
 				w.Header().Set(k, v)
 			}
 		}
-		n.setEventsCORS(w, r)
 		status := refused.status
 		if status == 0 || status == http.StatusSwitchingProtocols {
 			status = http.StatusServiceUnavailable
@@ -168,12 +203,11 @@ func (n *Node) serveEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer conn.Close()
+	unmatched := n.matchCursors(topics, cursors, claims.Tenant)
 
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-store")
 	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
-	n.setEventsCORS(w, r)
 	w.WriteHeader(http.StatusOK)
 	es := &eventStream{n: n, w: w, rc: rc, conn: conn, cursors: map[string]string{}, poke: make(chan struct{}, 1),
 		inbound: newTokenBucket(n.cfg.InboundRate, n.cfg.InboundBurst, n.cfg.Clock)}
@@ -207,14 +241,6 @@ func (n *Node) serveEvents(w http.ResponseWriter, r *http.Request) {
 			Reason string `json:"reason"`
 		}{code, reason})
 		_ = es.event("close", "", b)
-	}
-}
-
-// setEventsCORS lets an allowed cross-origin page read the stream.
-func (n *Node) setEventsCORS(w http.ResponseWriter, r *http.Request) {
-	if o := r.Header.Get("Origin"); o != "" && n.checkOrigin(r) {
-		w.Header().Set("Access-Control-Allow-Origin", o)
-		w.Header().Add("Vary", "Origin")
 	}
 }
 
@@ -253,9 +279,10 @@ func (p *pipeWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 }
 
 // openEventsSocket opens the stream's socket through serveSocket on an
-// in-memory pipe, with the request's token, origin, forwarding header and
-// client address. It returns the client end, or serveSocket's refusal.
-func (n *Node) openEventsSocket(ctx context.Context, r *http.Request, tok string) (*websocket.Conn, *refusal) {
+// in-memory pipe, with the request's claims (verified by serveEvents and
+// not again: see authenticate), origin, forwarding header and client
+// address. It returns the client end, or serveSocket's refusal.
+func (n *Node) openEventsSocket(ctx context.Context, r *http.Request, claims *Claims) (*websocket.Conn, *refusal) {
 	server, client := net.Pipe()
 	pw := &pipeWriter{refusal: refusal{header: http.Header{}}, conn: server}
 	served := make(chan struct{})
@@ -272,16 +299,13 @@ func (n *Node) openEventsSocket(ctx context.Context, r *http.Request, tok string
 		// The socket's log lines name the stream's URL (redacted there).
 		u := *r.URL
 		req.URL = &u
-		req = req.WithContext(ctx)
+		req = req.WithContext(context.WithValue(ctx, verifiedClaimsKey{}, claims))
 		n.serveSocket(pw, req)
 		if !pw.hijacked {
 			_ = server.Close()
 		}
 	}()
 	hdr := http.Header{}
-	if tok != "" {
-		hdr.Set("Authorization", "Bearer "+tok)
-	}
 	for _, k := range []string{"Origin", "X-Forwarded-For", "User-Agent"} {
 		if v := r.Header.Values(k); len(v) > 0 {
 			hdr[k] = v

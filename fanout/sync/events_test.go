@@ -223,7 +223,7 @@ func TestEventsAuthAndLimits(t *testing.T) {
 	if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("WWW-Authenticate") == "" {
 		t.Fatalf("no token: %d %v", resp.StatusCode, resp.Header)
 	}
-	_, resp = e.openEvents("", "", nil)
+	_, resp = e.openEvents(token(t, []string{"*"}, "", time.Hour), "", nil)
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("no topic: %d", resp.StatusCode)
 	}

@@ -1,6 +1,7 @@
 package sync
 
 import (
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -189,6 +190,42 @@ func TestHostileClients(t *testing.T) {
 			}
 			if el := time.Since(start); el > 5*time.Second {
 				t.Fatalf("a slow header kept its connection %s", el)
+			}
+		}},
+		{"body slowloris", func(t *testing.T) {
+			// A request that declares a body and sends two bytes of it,
+			// on every path, with no token. Before, net/http read the
+			// rest after the handler with no deadline: no answer, the
+			// connection held for good (1,100 of them took every file
+			// descriptor of a node). Now each is answered 413 and closed
+			// at once, unread.
+			paths := []string{"/v1/changes?topic=" + orders, "/v1/snapshot?topic=" + orders, "/v1/events?topic=" + orders,
+				"/v1/socket", "/v1/nothing-here"}
+			var conns []net.Conn
+			for i := range 40 {
+				conn, err := net.Dial("tcp", h.srv.Listener.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Close()
+				body := "Content-Length: 100000\r\n\r\nab"
+				if i%2 == 1 {
+					body = "Transfer-Encoding: chunked\r\n\r\n186a0\r\nab"
+				}
+				if _, err := conn.Write([]byte("GET " + paths[i%len(paths)] + " HTTP/1.1\r\nHost: x\r\n" + body)); err != nil {
+					t.Fatal(err)
+				}
+				conns = append(conns, conn)
+			}
+			for i, conn := range conns {
+				_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+				got, err := io.ReadAll(conn) // to EOF: the node closes it
+				if err != nil {
+					t.Fatalf("%s: %v after %q (the connection was neither answered nor closed)", paths[i%len(paths)], err, got)
+				}
+				if !strings.HasPrefix(string(got), "HTTP/1.1 413 ") || !strings.Contains(string(got), "Connection: close") {
+					t.Fatalf("%s: got %q, want a 413 that closes the connection", paths[i%len(paths)], got)
+				}
 			}
 		}},
 		{"huge headers", func(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -121,8 +122,10 @@ type Config struct {
 	HTTPWriteTimeout  time.Duration
 	HTTPIdleTimeout   time.Duration
 	MaxHeaderBytes    int
-	// AllowedOrigins restricts browser origins at the upgrade ("*" for any).
-	// Empty allows requests without an Origin header and same-host origins.
+	// AllowedOrigins are the browser origins, besides the node's own
+	// (same host as the request), whose pages may use the node ("*" for
+	// any). It applies only to requests that carry an Origin header: a
+	// request without one (a service, a CLI) is never refused by it.
 	AllowedOrigins []string
 	// State configures snapshots (state.go); without a source URL the node
 	// serves none.
@@ -249,6 +252,8 @@ type Node struct {
 	// entities are the entities with a journaled change (topics a "*" grant
 	// may follow), refreshed by followEntities.
 	entities atomic.Pointer[map[string]struct{}]
+
+	refusedOrigins originLog // refused origins already logged (web.go)
 
 	warnMu   sync.Mutex           // guards warnedAt
 	warnedAt map[string]time.Time // when each repeating warning was last logged
@@ -432,6 +437,51 @@ func (n *Node) known(entity string) bool {
 	return ok
 }
 
+// checkTopic is the one check of a topic a client names, on the socket,
+// the event stream, GET /v1/changes and GET /v1/snapshot, made before
+// anything is spent on it (no NATS subscription, no goroutine, no query):
+// at most MaxTopicBytes, an entity name (decoder.SplitEntity), granted by
+// the claims, and — when granted only by "*" — an entity the journal has
+// changes of (known). A topic the token names explicitly is accepted: its
+// issuer vouches for it. It returns "" or the refusal's code (bad-topic,
+// forbidden, unknown-topic) and a message for the client.
+//
+// An unknown topic gets the same answer whatever the reason (no such
+// table, one the node's role may not read, one that is not published, a
+// system catalog): it comes from the journal's entity list alone, so it
+// says nothing about the source database.
+func (n *Node) checkTopic(c *Claims, topic string) (code, msg string) {
+	switch {
+	case len(topic) > MaxTopicBytes:
+		return "bad-topic", fmt.Sprintf("a topic is at most %d bytes", MaxTopicBytes)
+	case !isEntity(topic):
+		return "bad-topic", "a topic is an entity, schema.table"
+	case slices.Contains(c.Topics, topic):
+		return "", ""
+	case !c.Allows(topic):
+		return "forbidden", "the token does not grant this topic"
+	case !n.known(topic):
+		return "unknown-topic", "no change of this entity has been journaled; name an existing entity (a new table is known within seconds of its first change)"
+	}
+	return "", ""
+}
+
+func isEntity(topic string) bool {
+	_, _, ok := decoder.SplitEntity(topic)
+	return ok
+}
+
+// topicStatus is the HTTP status of a checkTopic refusal.
+func topicStatus(code string) int {
+	switch code {
+	case "forbidden":
+		return http.StatusForbidden
+	case "unknown-topic":
+		return http.StatusNotFound
+	}
+	return http.StatusBadRequest
+}
+
 // followEntities re-reads the entity list every entityRefresh while the
 // journal horizon moves, so a table's first change makes it a topic within
 // seconds without any client frame causing a journal query.
@@ -474,21 +524,28 @@ func (n *Node) Ready() (bool, string) {
 	return true, fmt.Sprintf("ready: %d sockets, %d topics; %s", len(n.sockets), len(n.topics), bus.ConnStatus(n.nc))
 }
 
-// Handler serves /v1/socket, /v1/changes and /v1/events (events.go).
+// Handler serves /v1/socket, /v1/changes, /v1/snapshot and /v1/events
+// (events.go), refusing any request with a body and any Origin that is not
+// allowed (web.go).
 func (n *Node) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/socket", n.serveSocket)
-	mux.HandleFunc("GET /v1/changes", n.serveChanges)
-	mux.HandleFunc("GET /v1/snapshot", n.serveSnapshot)
-	mux.HandleFunc("GET /v1/events", n.serveEvents)
-	mux.HandleFunc("OPTIONS /v1/events", n.serveEventsPreflight)
-	return mux
+	mux.HandleFunc("GET /v1/socket", n.originGuard(n.serveSocket))
+	mux.HandleFunc("GET /v1/changes", n.api(n.serveChanges))
+	mux.HandleFunc("GET /v1/snapshot", n.api(n.serveSnapshot))
+	mux.HandleFunc("GET /v1/events", n.api(n.serveEvents))
+	for _, p := range []string{"/v1/changes", "/v1/snapshot", "/v1/events"} {
+		mux.HandleFunc("OPTIONS "+p, n.servePreflight)
+	}
+	return refuseBodies(mux)
 }
 
 // HTTPServer returns a server for Handler with the node's HTTP limits:
 // header read, response write and keep-alive idle timeouts and a header size
-// cap. An upgraded socket leaves the server's deadlines behind: its writer
-// sets a deadline per write and idle eviction bounds its reads.
+// cap. No request body is read (Handler refuses them unread), so nothing
+// is read without a deadline: headers within ReadHeaderTimeout, the next
+// request within IdleTimeout. An upgraded socket leaves the server's
+// deadlines behind: its writer sets a deadline per write and idle eviction
+// bounds its reads.
 func (n *Node) HTTPServer() *http.Server {
 	return &http.Server{
 		Handler:           n.Handler(),
@@ -581,31 +638,6 @@ func (n *Node) sweepIdle() {
 			s.closeExpired()
 		}
 	}
-}
-
-func (n *Node) checkOrigin(r *http.Request) bool {
-	origin := r.Header.Get("Origin")
-	if len(n.cfg.AllowedOrigins) == 0 {
-		if origin == "" {
-			return true
-		}
-		return sameHost(origin, r.Host)
-	}
-	for _, o := range n.cfg.AllowedOrigins {
-		if o == "*" || o == origin {
-			return true
-		}
-	}
-	return false
-}
-
-func sameHost(origin, host string) bool {
-	for _, p := range []string{"http://", "https://"} {
-		if len(origin) > len(p) && origin[:len(p)] == p {
-			return origin[len(p):] == host
-		}
-	}
-	return false
 }
 
 // syncTopic is the node's state for one entity while it has members: its

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/journal"
 )
 
@@ -25,13 +24,11 @@ func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusUnauthorized, "unauthorized", err.Error())
 		return
 	}
+	// Checked before any database work (no lock, no query): a topic
+	// outside the journal's entities gets the answer a missing table gets.
 	topic := r.URL.Query().Get("topic")
-	if _, _, ok := decoder.SplitEntity(topic); !ok || len(topic) > MaxTopicBytes {
-		writeJSONError(w, http.StatusBadRequest, "bad-topic", "topic must be an entity, schema.table")
-		return
-	}
-	if !claims.Allows(topic) {
-		writeJSONError(w, http.StatusForbidden, "forbidden", "the token does not grant this topic")
+	if code, msg := n.checkTopic(claims, topic); code != "" {
+		writeJSONError(w, topicStatus(code), code, msg)
 		return
 	}
 	if code, msg := n.checkSnapshot(claims); code != "" {

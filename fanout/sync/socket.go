@@ -20,7 +20,6 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/nats-io/nats.go"
 
-	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/fanout/bus"
 	"github.com/walcast/walcast/internal/backoff"
 	"github.com/walcast/walcast/journal"
@@ -525,26 +524,18 @@ const maxTopicsPerSocket = 256
 // control-line limit (bus.MaxSubjectBytes).
 const MaxTopicBytes = 2*(2*63+2) + 1
 
-// checkTopic validates a topic before anything is spent on it: a bounded
-// entity name the token grants and, under a "*" grant, one the journal has
-// changes of. It returns the error frame to send, or nil.
+// checkTopic validates a topic before anything is spent on it
+// (Node.checkTopic, shared with the HTTP reads). It returns the error
+// frame to send, or nil.
 func (s *socket) checkTopic(topic string) *frame {
-	if len(topic) > MaxTopicBytes {
-		return errorFrame("bad-topic", fmt.Sprintf("a topic is at most %d bytes", MaxTopicBytes), "")
+	code, msg := s.n.checkTopic(s.claims, topic)
+	switch {
+	case code == "":
+		return nil
+	case len(topic) > MaxTopicBytes:
+		topic = "" // not echoed
 	}
-	if _, _, ok := decoder.SplitEntity(topic); !ok {
-		return errorFrame("bad-topic", "a topic is an entity, schema.table", topic)
-	}
-	if slices.Contains(s.claims.Topics, topic) {
-		return nil // granted by name: the issuer vouches for it
-	}
-	if !s.claims.Allows(topic) {
-		return errorFrame("forbidden", "the token does not grant this topic", topic)
-	}
-	if !s.n.known(topic) {
-		return errorFrame("unknown-topic", "no change of this entity has been journaled; subscribe to an existing entity (a new table is known within seconds of its first change)", topic)
-	}
-	return nil
+	return errorFrame(code, msg, topic)
 }
 
 // subscribe makes the socket a member of topic: live subscription first,
