@@ -36,6 +36,11 @@ func (n *Node) serveChanges(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusUnauthorized, "unauthorized", err.Error())
 		return
 	}
+	if n.overloaded("memory") {
+		w.Header().Set("Retry-After", retryAfter(overloadRetry))
+		writeJSONError(w, http.StatusServiceUnavailable, "overloaded", overloadedMessage)
+		return
+	}
 	// Charged to the client's address and to its token's subject alike, so
 	// neither many tokens from one address nor one token from many
 	// addresses gets more than one client's share of the journal.

@@ -139,8 +139,23 @@ func TestMemoryBoundRefuses(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 		t.Errorf("refused with %s, Retry-After %q; want 503 with Retry-After", resp.Status, resp.Header.Get("Retry-After"))
 	}
-	if s.Rejected["memory"] != 1 {
-		t.Errorf("rejected %v, want one for memory", s.Rejected)
+	// The same bound holds on every path that makes the node hold more:
+	// a Server-Sent Events stream and a journal read over HTTP.
+	for _, path := range []string{"/v1/events?topic=" + orders, "/v1/changes?topic=" + orders} {
+		req, _ := http.NewRequest("GET", e.srv.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(b), "--max-memory-bytes") {
+			t.Errorf("GET %s at the memory bound: %s, Retry-After %q, %s; want 503 with Retry-After naming --max-memory-bytes", path, resp.Status, resp.Header.Get("Retry-After"), b)
+		}
+	}
+	if s := e.node.Stats(); s.Rejected["memory"] != 3 {
+		t.Errorf("rejected %v, want three for memory (socket, events, changes)", s.Rejected)
 	}
 	_ = slow.c.Close()
 	waitFor(t, "the node's memory to drain", func() bool { return e.node.Stats().MemoryBytes == 0 })
