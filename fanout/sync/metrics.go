@@ -202,12 +202,12 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 	if err != nil {
 		return nil, err
 	}
-	spoolBytes, err := meter.Int64ObservableUpDownCounter("walcast.sync.snapshot.spool_bytes", metric.WithUnit("By"),
+	spoolBytes, err := meter.Int64ObservableUpDownCounter("walcast.sync.snapshot.spool", metric.WithUnit("By"),
 		metric.WithDescription("snapshot rows spooled now, in memory and files (at most --snapshot-spool-bytes)"))
 	if err != nil {
 		return nil, err
 	}
-	memBytes, err := meter.Int64ObservableUpDownCounter("walcast.sync.memory.bytes", metric.WithUnit("By"),
+	memBytes, err := meter.Int64ObservableUpDownCounter("walcast.sync.memory", metric.WithUnit("By"),
 		metric.WithDescription("bytes queued on sockets plus snapshot rows spooled in memory; past --max-memory-bytes new sockets and snapshots are refused (connections.rejected reason memory)"))
 	if err != nil {
 		return nil, err
