@@ -237,29 +237,18 @@ func (j *Journal) Catalog(ctx context.Context, t Table) (e CatalogEntry, ok bool
 // CatalogTables returns the newest entry of every table the catalog knows,
 // published or not, in name order.
 func (j *Journal) CatalogTables(ctx context.Context) ([]CatalogEntry, error) {
-	const op = "journal.CatalogTables"
-	ctx, cancel := j.callCtx(ctx)
-	defer cancel()
-	c, err := j.pool.acquire(ctx)
-	if err != nil {
-		return nil, opErr(op, err, "")
-	}
-	defer j.pool.release(c)
-	rows, err := c.Query(ctx, "SELECT DISTINCT ON (table_schema, table_name) "+catalogColumns+" FROM "+j.sql.catalog+
+	return j.queryCatalog(ctx, "journal.CatalogTables", "SELECT DISTINCT ON (table_schema, table_name) "+catalogColumns+" FROM "+j.sql.catalog+
 		" ORDER BY table_schema, table_name, version DESC")
-	if err != nil {
-		return nil, opErr(op, err, "")
-	}
-	out, err := pgx.CollectRows(rows, scanCatalog)
-	if err != nil {
-		return nil, opErr(op, err, "")
-	}
-	return out, nil
 }
 
 // CatalogHistory returns the kept versions of table's entry, oldest first.
 func (j *Journal) CatalogHistory(ctx context.Context, t Table) ([]CatalogEntry, error) {
-	const op = "journal.CatalogHistory"
+	return j.queryCatalog(ctx, "journal.CatalogHistory", "SELECT "+catalogColumns+" FROM "+j.sql.catalog+
+		" WHERE table_schema = $1 AND table_name = $2 ORDER BY version", t.Schema, t.Name)
+}
+
+// queryCatalog runs one read of catalog rows (sql selects catalogColumns).
+func (j *Journal) queryCatalog(ctx context.Context, op, sql string, args ...any) ([]CatalogEntry, error) {
 	ctx, cancel := j.callCtx(ctx)
 	defer cancel()
 	c, err := j.pool.acquire(ctx)
@@ -267,8 +256,7 @@ func (j *Journal) CatalogHistory(ctx context.Context, t Table) ([]CatalogEntry, 
 		return nil, opErr(op, err, "")
 	}
 	defer j.pool.release(c)
-	rows, err := c.Query(ctx, "SELECT "+catalogColumns+" FROM "+j.sql.catalog+" WHERE table_schema = $1 AND table_name = $2 ORDER BY version",
-		t.Schema, t.Name)
+	rows, err := c.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, opErr(op, err, "")
 	}

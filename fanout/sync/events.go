@@ -171,11 +171,8 @@ func cursorScope(s string) ([16]byte, bool) {
 // The socket's handshake then applies the budgets and limits, with the
 // claims verified here; only then are the cursors matched to the topics.
 func (n *Node) serveEvents(w http.ResponseWriter, r *http.Request) {
-	claims, err := n.authenticate(r)
-	if err != nil {
-		n.stats.inc(&n.stats.rejected, "unauthorized")
-		w.Header().Set("WWW-Authenticate", `Bearer realm="walcast"`)
-		http.Error(w, err.Error(), http.StatusUnauthorized)
+	claims, ok := n.authorized(w, r)
+	if !ok {
 		return
 	}
 	topics, cursors, bad := parseEventsQuery(r)

@@ -179,6 +179,19 @@ type socket struct {
 	pollArmed  bool // the connection is in the idlePoller's epoll set
 }
 
+// authorized verifies the request's token; without a valid one it answers
+// 401 (counted as reason unauthorized) and returns false.
+func (n *Node) authorized(w http.ResponseWriter, r *http.Request) (*Claims, bool) {
+	claims, err := n.authenticate(r)
+	if err != nil {
+		n.stats.inc(&n.stats.rejected, "unauthorized")
+		w.Header().Set("WWW-Authenticate", `Bearer realm="walcast"`)
+		http.Error(w, err.Error(), http.StatusUnauthorized)
+		return nil, false
+	}
+	return claims, true
+}
+
 // serveSocket authenticates, applies the admission limits and upgrades, then
 // hands the socket to its reading goroutine.
 func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
@@ -187,11 +200,8 @@ func (n *Node) serveSocket(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "origin not allowed", http.StatusForbidden)
 		return
 	}
-	claims, err := n.authenticate(r)
-	if err != nil {
-		n.stats.inc(&n.stats.rejected, "unauthorized")
-		w.Header().Set("WWW-Authenticate", `Bearer realm="walcast"`)
-		http.Error(w, err.Error(), http.StatusUnauthorized)
+	claims, ok := n.authorized(w, r)
+	if !ok {
 		return
 	}
 	if n.overloaded("memory") {
