@@ -100,9 +100,8 @@ func TestSyncMetrics(t *testing.T) {
 			t.Fatalf("metrics lack %q:\n%s", want, body)
 		}
 	}
-	if ok, detail := e.node.Ready(); !ok {
-		t.Fatalf("not ready: %s", detail)
-	}
+	// The horizon is read in the background after the node starts.
+	waitFor(t, "the node to be ready", func() bool { ok, _ := e.node.Ready(); return ok })
 }
 
 // Any number of nodes serve one NATS and one journal: a cursor issued by one

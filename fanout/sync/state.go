@@ -893,9 +893,12 @@ func (s *socket) runSnapshot(ctx context.Context, m *member, j *snapJob, reason 
 	started := time.Now()
 	res, err := n.readStateAgain(ctx, m.q, reason, socketSink{s: s, m: m, j: j})
 	if err != nil {
-		if ctx.Err() != nil || !m.ownsJob(j) {
+		if ctx.Err() != nil || !m.ownsJob(j) || errors.Is(err, context.Canceled) {
+			// Unsubscribed, superseded or closed: the sink reports a
+			// closing socket as context.Canceled, which can come before
+			// the socket's close reaches ctx.
 			n.snapshotEnded("cancelled", started)
-			return // unsubscribed, superseded or closed
+			return
 		}
 		n.snapshotEnded(snapshotOutcome(err), started)
 		var ref *errSnapshotRefused
