@@ -65,12 +65,17 @@ export function socketURL(base: string, token: string): string {
   return u.toString();
 }
 
-/** eventsURL is base's /v1/events for topics (the token goes in a header). */
+/**
+ * eventsURL is base's /v1/events for topics (the token goes in a header).
+ * A topic whose snapshot is wanted goes without its cursor: given one the
+ * node resumes from it and takes no snapshot (docs/sync.md), as a `sub`
+ * frame with both would.
+ */
 export function eventsURL(base: string, topics: StreamTopic[]): string {
   const u = new URL('/v1/events', base);
   u.protocol = u.protocol === 'wss:' || u.protocol === 'https:' ? 'https:' : 'http:';
   for (const t of topics) u.searchParams.append('topic', t.topic);
-  for (const t of topics) if (t.cursor) u.searchParams.append('cursor', t.cursor);
+  for (const t of topics) if (t.cursor && !t.snapshot) u.searchParams.append('cursor', t.cursor);
   for (const t of topics) if (t.snapshot) u.searchParams.append('snapshot', t.topic);
   return u.toString();
 }

@@ -1,7 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { Client, rowKey } from '../dist/index.js';
-import { env, tick } from './fakes.mjs';
+import { Client, MemoryCursorStore, rowKey } from '../dist/index.js';
+import { env, tick, fakeFetch, answer } from './fakes.mjs';
 
 const T = 'public.orders';
 const env0 = { lsn: '0/1', commitLsn: '0/1', xid: 1, commitTime: '' };
@@ -96,4 +96,73 @@ test('live: a row moving between tenants leaves one table as a moved delete and 
   // The same with a key change: the old key it never held is ignored.
   s2.frame(ch(5, 'update', { key: { id: 7 }, before: { id: 6 }, after: { id: 7, org: 'b' }, tenant: 'b' }));
   assert.deepEqual([...neu.rows.keys()].sort(), [rowKey({ id: 1 }), rowKey({ id: 7 })].sort());
+});
+
+// sseWrite sends frames on a fake event stream as the node does (an error
+// frame is the event node-error).
+const sseWrite = (call, ...frames) =>
+  call.write(frames.map((f) => `event: ${f.t === 'error' ? 'node-error' : f.t}\ndata: ${JSON.stringify(f)}\n\n`).join(''));
+const ticks = async (n = 4) => {
+  for (let i = 0; i < n; i++) await tick();
+};
+const snapshotFrames = (cursor, ...ids) => [
+  { t: 'snapshot-begin', topic: T },
+  ...ids.map((id) => ({ t: 'row', topic: T, row: { op: 'read', ...env0, key: { id }, after: { id } } })),
+  { t: 'snapshot-end', topic: T, cursor },
+];
+
+test('live over SSE: a reloaded page with a stored cursor asks for the snapshot without the cursor', async () => {
+  const store = new MemoryCursorStore();
+  store.set(T, 'stored'); // the cursor the page kept before its reload
+  const f = fakeFetch();
+  const e = env({ transport: 'sse', fetch: f.fetch, store });
+  const c = new Client(e.opts);
+  const table = c.live(T);
+  await ticks();
+  const call = f.calls[0];
+  assert.deepEqual(call.url.searchParams.getAll('topic'), [T]);
+  assert.deepEqual(call.url.searchParams.getAll('snapshot'), [T]);
+  assert.deepEqual(call.url.searchParams.getAll('cursor'), [], 'a cursor makes the node skip the snapshot');
+  answer(call, { status: 200 });
+  await ticks();
+  sseWrite(call, ...snapshotFrames('s2', 1, 2));
+  await ticks();
+  assert.equal(table.ready, true);
+  assert.equal(table.rows.size, 2);
+  assert.equal(store.get(T), 's2');
+});
+
+test('live over SSE: a resync reopens the stream for a snapshot, without the resync cursor', async () => {
+  const f = fakeFetch();
+  const e = env({ transport: 'sse', fetch: f.fetch });
+  const c = new Client(e.opts);
+  const table = c.live(T);
+  await ticks();
+  answer(f.calls[0], { status: 200 });
+  await ticks();
+  sseWrite(f.calls[0], ...snapshotFrames('s2', 1, 2));
+  await ticks();
+  // The stream ends; the client resumes from the snapshot's cursor.
+  f.calls[0].end();
+  await ticks();
+  e.clock.advance(60_000);
+  await ticks();
+  const resumed = f.calls[1];
+  assert.deepEqual(resumed.url.searchParams.getAll('cursor'), ['s2']);
+  assert.deepEqual(resumed.url.searchParams.getAll('snapshot'), []);
+  answer(resumed, { status: 200 });
+  await ticks();
+  // A truncate: the node says resync; the state must be read again.
+  sseWrite(resumed, { t: 'resync', topic: T, cursor: 'r9' });
+  await ticks();
+  const again = f.calls[2];
+  assert.ok(again, 'the stream is reopened after the resync');
+  assert.deepEqual(again.url.searchParams.getAll('snapshot'), [T]);
+  assert.deepEqual(again.url.searchParams.getAll('cursor'), [], 'with the resync cursor the node resumes at the horizon and skips the snapshot');
+  answer(again, { status: 200 });
+  await ticks();
+  sseWrite(again, ...snapshotFrames('s3', 2));
+  await ticks();
+  assert.deepEqual([...table.rows.values()], [{ id: 2 }]);
+  assert.equal(c.cursor(T), 's3');
 });
