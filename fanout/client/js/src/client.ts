@@ -103,6 +103,11 @@ interface TopicState {
   snapshot: boolean;
   /** Whether the snapshot still has to be asked for (first sub, resync). */
   wantSnapshot: boolean;
+  /** Between snapshot-begin and snapshot-end. */
+  inSnapshot: boolean;
+  /** Delays of resubscriptions after the node ended the topic's subscription. */
+  retry: Backoff;
+  retryTimer?: unknown;
 }
 
 /**
@@ -193,18 +198,38 @@ export class Client {
    */
   subscribe(topic: string, opts: SubscribeOptions = {}, handlers: Handlers = {}): () => void {
     let st = this.topics.get(topic);
+    let send = false;
     if (!st) {
       const cursor = opts.cursor ?? this.store.get(topic);
-      st = { topic, handlers: new Set(), cursor, lastSeq: 0, snapshot: !!opts.snapshot, wantSnapshot: !!opts.snapshot };
+      st = {
+        topic,
+        handlers: new Set(),
+        cursor,
+        lastSeq: 0,
+        snapshot: !!opts.snapshot,
+        wantSnapshot: !!opts.snapshot,
+        inSnapshot: false,
+        retry: new Backoff(this.opts.backoff, this.opts.random),
+      };
       this.topics.set(topic, st);
-      this.sendSub(st);
+      send = true;
+    } else if (opts.snapshot && (!st.wantSnapshot || st.inSnapshot)) {
+      // The rows went to the earlier subscribers only: ask for them again
+      // (every subscriber's handlers see the new snapshot, which replaces
+      // what the earlier ones hold).
+      st.snapshot = true;
+      st.wantSnapshot = true;
+      st.inSnapshot = false;
+      send = true;
     }
     st.handlers.add(handlers);
+    if (send) this.sendSub(st);
     this.connect();
     const s = st;
     return () => {
       if (!s.handlers.delete(handlers) || s.handlers.size > 0 || this.topics.get(topic) !== s) return;
       this.topics.delete(topic);
+      this.cancel(s.retryTimer);
       if (this.conn && this.stateValue === 'open' && !this.conn.send({ t: 'unsub', topic })) this.queueReopen();
     };
   }
@@ -554,6 +579,7 @@ export class Client {
         return;
       }
       case 'subscribed':
+        st.retry.reset();
         if (!st.cursor) this.setCursor(st, f.cursor);
         for (const h of [...st.handlers]) h.onSubscribed?.(f.cursor);
         return;
@@ -579,6 +605,10 @@ export class Client {
         return;
       case 'snapshot-begin':
         st.lastSeq = 0;
+        st.inSnapshot = true;
+        // Until its end there is no cursor to resume from: a snapshot cut
+        // short (a reconnect, snapshot-failed) is asked for again.
+        if (st.snapshot) st.wantSnapshot = true;
         for (const h of [...st.handlers]) h.onSnapshotBegin?.();
         return;
       case 'row': {
@@ -589,35 +619,79 @@ export class Client {
       }
       case 'snapshot-end':
         st.wantSnapshot = false;
+        st.inSnapshot = false;
+        st.retry.reset();
         this.setCursor(st, f.cursor);
         for (const h of [...st.handlers]) h.onSnapshotEnd?.(f.cursor);
         return;
     }
   }
 
-  private onErrorFrame(f: { code: string; message: string; topic?: string }): void {
+  private onErrorFrame(f: { code: string; message: string; topic?: string; retryAfter?: unknown }): void {
     const st = f.topic ? this.topics.get(f.topic) : undefined;
-    const err = new WalcastError('node', `walcast: ${f.code}${f.topic ? ` on ${f.topic}` : ''}: ${f.message}`, { code: f.code, topic: f.topic });
-    if (st && f.code === 'bad-cursor') {
-      // A cursor of another tenant, topic or deployment: start the topic
-      // over without one (its state must be read again).
-      this.store.delete(st.topic);
-      st.cursor = undefined;
-      st.lastSeq = 0;
-      if (st.snapshot) st.wantSnapshot = true;
-      for (const h of [...st.handlers]) h.onResync?.(undefined);
-      this.sendSub(st);
-    } else if (st && (f.code === 'unavailable' || f.code === 'unknown-topic')) {
-      // Retry the subscription later (a journal outage, a table's first change).
-      const gen = this.generation;
-      this.after(this.backoff.next(), () => {
-        if (gen === this.generation && this.topics.get(st.topic) === st) this.sendSub(st);
-      });
-    } else if (st && (f.code === 'forbidden' || f.code === 'bad-topic' || f.code === 'too-many-topics')) {
-      this.topics.delete(st.topic); // the node dropped it; so do we
+    // What the client does about it, for the message.
+    let then = '';
+    if (st) {
+      switch (f.code) {
+        case 'bad-cursor':
+          // A cursor of another tenant, topic or deployment: start the topic
+          // over without one (its state must be read again).
+          this.store.delete(st.topic);
+          st.cursor = undefined;
+          st.lastSeq = 0;
+          if (st.snapshot) st.wantSnapshot = true;
+          for (const h of [...st.handlers]) h.onResync?.(undefined);
+          this.sendSub(st);
+          then = '; the client dropped the cursor and subscribed again without it';
+          break;
+        case 'unavailable':
+        case 'unknown-topic':
+        case 'snapshot-failed':
+        case 'rate-limited':
+        case 'overloaded': {
+          // The node ended (or never began) the subscription: a journal
+          // outage, a table's first change still to come, a snapshot that
+          // failed, a snapshot budget or the node's memory spent. Ask again
+          // later: when the node says, else after the topic's backoff.
+          st.inSnapshot = false;
+          const ra = typeof f.retryAfter === 'number' && f.retryAfter > 0 ? f.retryAfter * 1000 : 0;
+          const ms = Math.max(ra, st.retry.next());
+          this.resubscribeLater(st, ms);
+          then = `; the client subscribes again in ${Math.ceil(ms / 1000)} s`;
+          break;
+        }
+        case 'snapshot-unavailable':
+          // The node serves no snapshots (no --database-url): follow the
+          // topic's changes without its current rows.
+          st.snapshot = false;
+          st.wantSnapshot = false;
+          st.inSnapshot = false;
+          this.sendSub(st);
+          then = "; the client follows the topic's changes without its current rows (start the node with --database-url to serve snapshots)";
+          break;
+        case 'forbidden':
+        case 'bad-topic':
+        case 'too-many-topics':
+          this.cancel(st.retryTimer);
+          this.topics.delete(st.topic); // the node dropped it; so do we
+          then = '; the client left the topic (fix the token or the topic name and subscribe again)';
+          break;
+      }
     }
+    const err = new WalcastError('node', `walcast: ${f.code}${f.topic ? ` on ${f.topic}` : ''}: ${f.message}${then}`, { code: f.code, topic: f.topic });
     if (st) for (const h of [...st.handlers]) h.onError?.(err);
     this.report(err);
+  }
+
+  /** resubscribeLater subscribes st again after ms, unless the connection or the topic changed first. */
+  private resubscribeLater(st: TopicState, ms: number): void {
+    const gen = this.generation;
+    this.cancel(st.retryTimer);
+    st.retryTimer = this.after(ms, () => {
+      st.retryTimer = undefined;
+      // A new connection subscribes every topic itself.
+      if (gen === this.generation && this.topics.get(st.topic) === st) this.sendSub(st);
+    });
   }
 
   private setCursor(st: TopicState, cursor: string | undefined): void {

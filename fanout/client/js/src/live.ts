@@ -107,7 +107,11 @@ export function live(client: Client, topic: string, opts: LiveOptions = {}): Liv
       seen = new Set();
     },
     onSnapshotEnd: () => {
-      if (seen) for (const k of [...rows.keys()]) if (!seen.has(k)) rows.delete(k);
+      // The end of a snapshot whose beginning this table did not see (a
+      // second live() of a topic mid-snapshot): its rows are partial; the
+      // snapshot the client asked for this table follows.
+      if (!seen) return;
+      for (const k of [...rows.keys()]) if (!seen.has(k)) rows.delete(k);
       seen = undefined;
       ready = true;
       emit({ type: 'snapshot', rows: rows.size });

@@ -358,3 +358,88 @@ test('localStorage adapter', () => {
   assert.equal(s.get(T), undefined);
   assert.throws(() => new LocalStorageCursorStore(), /no localStorage/);
 });
+
+const subs = (s) => s.sent.filter((f) => f.t === 'sub');
+
+test('rate-limited: the topic is subscribed again after the node\'s retryAfter', async () => {
+  const { c, ws, clock, errors } = connected({ backoff: { initial: 100, max: 1000 } });
+  const ev = [];
+  c.subscribe(T, { snapshot: true }, { onError: (e) => ev.push(e.code) });
+  await tick();
+  const s = ws.sockets[0];
+  s.open();
+  s.frame({ t: 'error', code: 'rate-limited', topic: T, retryAfter: 7, message: 'too many snapshots from this client; the topic is not subscribed; subscribe again after 7 s' });
+  assert.deepEqual(ev, ['rate-limited']);
+  assert.match(errors[0].message, /rate-limited on public\.orders: .*subscribes again in 7 s/);
+  clock.advance(6_999);
+  assert.equal(subs(s).length, 1, 'not before the node said');
+  clock.advance(1);
+  assert.deepEqual(subs(s), [{ t: 'sub', topic: T, snapshot: true }, { t: 'sub', topic: T, snapshot: true }]);
+});
+
+test('rate-limited over SSE: the stream is reopened with the topic after retryAfter', async () => {
+  const f = fakeFetch();
+  const { c, clock } = connected({ transport: 'sse', fetch: f.fetch });
+  c.subscribe(T, { snapshot: true }, {});
+  await tick();
+  answer(f.calls[0], { status: 200 });
+  await tick();
+  await tick();
+  f.calls[0].write(`event: node-error\ndata: ${JSON.stringify({ t: 'error', code: 'rate-limited', topic: T, retryAfter: 3, message: 'subscribe again after 3 s' })}\n\n`);
+  await tick();
+  await tick();
+  clock.advance(2_999);
+  await tick();
+  assert.equal(f.calls.length, 1);
+  clock.advance(1);
+  await tick();
+  await tick();
+  assert.equal(f.calls.length, 2);
+  assert.deepEqual(f.calls[1].url.searchParams.getAll('snapshot'), [T]);
+});
+
+test('snapshot-failed: the snapshot is asked for again, with a growing delay', async () => {
+  const { c, ws, clock } = connected({ backoff: { initial: 1000, max: 60_000 } });
+  c.subscribe(T, { snapshot: true }, {});
+  await tick();
+  const s = ws.sockets[0];
+  s.open();
+  const failed = { t: 'error', code: 'snapshot-failed', topic: T, message: 'the table changed under the catalog; subscribe again in a few seconds' };
+  s.frame({ t: 'snapshot-begin', topic: T });
+  s.frame(failed);
+  assert.equal(clock.next(), 750); // [500, 1000] with random 0.5
+  clock.advance(750);
+  assert.equal(subs(s).length, 2);
+  assert.deepEqual(subs(s)[1], { t: 'sub', topic: T, snapshot: true });
+  s.frame(failed);
+  assert.equal(clock.next(), 1500);
+  clock.advance(1500);
+  assert.equal(subs(s).length, 3);
+  // A snapshot that ends resets the delay.
+  s.frame({ t: 'snapshot-begin', topic: T });
+  s.frame({ t: 'snapshot-end', topic: T, cursor: 's1' });
+  s.frame({ t: 'resync', topic: T, cursor: 'r1' });
+  s.frame(failed);
+  assert.equal(clock.next(), 750);
+});
+
+test('snapshot-unavailable: the topic is followed without a snapshot, and the error says so', async () => {
+  const store = new MemoryCursorStore();
+  store.set(T, 'c0');
+  const { c, ws, errors } = connected({ store });
+  c.subscribe(T, { snapshot: true }, {});
+  await tick();
+  const s = ws.sockets[0];
+  s.open();
+  assert.deepEqual(subs(s), [{ t: 'sub', topic: T, snapshot: true }]);
+  s.frame({ t: 'error', code: 'snapshot-unavailable', topic: T, message: 'this node serves no snapshots' });
+  assert.deepEqual(subs(s)[1], { t: 'sub', topic: T, cursor: 'c0' });
+  assert.equal(errors[0].code, 'snapshot-unavailable');
+  assert.match(errors[0].message, /without its current rows.*--database-url/);
+  // A reconnect does not ask for it again.
+  s.serverClose(1006);
+  c['clock'].advance(60_000);
+  await tick();
+  ws.sockets[1].open();
+  assert.deepEqual(subs(ws.sockets[1]), [{ t: 'sub', topic: T, cursor: 'c0' }]);
+});

@@ -166,3 +166,43 @@ test('live over SSE: a resync reopens the stream for a snapshot, without the res
   assert.deepEqual([...table.rows.values()], [{ id: 2 }]);
   assert.equal(c.cursor(T), 's3');
 });
+
+test('live: a second live() of a topic gets the rows too', async () => {
+  const e = env();
+  const c = new Client(e.opts);
+  const first = c.live(T);
+  await tick();
+  const s = e.ws.sockets[0];
+  s.open();
+  snapshotFrames('s2', 1, 2).forEach((f) => s.frame(f));
+  s.frame(ch(3, 'insert', { key: { id: 3 }, after: { id: 3 } }));
+  assert.equal(first.rows.size, 3);
+  const second = c.live(T);
+  assert.deepEqual(s.sent.filter((f) => f.t === 'sub'), [{ t: 'sub', topic: T, snapshot: true }, { t: 'sub', topic: T, snapshot: true }], 'the rows are asked for again');
+  assert.equal(second.ready, false);
+  snapshotFrames('s3', 1, 2, 3).forEach((f) => s.frame(f));
+  assert.equal(second.ready, true);
+  assert.equal(second.rows.size, 3);
+  assert.equal(first.rows.size, 3);
+});
+
+test('live: a second live() during the first one\'s snapshot waits for a whole one', async () => {
+  const e = env();
+  const c = new Client(e.opts);
+  const first = c.live(T);
+  await tick();
+  const s = e.ws.sockets[0];
+  s.open();
+  const [begin, r1, r2, end] = snapshotFrames('s2', 1, 2);
+  s.frame(begin);
+  s.frame(r1);
+  const second = c.live(T);
+  assert.equal(s.sent.filter((f) => f.t === 'sub').length, 2);
+  s.frame(r2); // the rest of the first snapshot, already on its way
+  s.frame(end);
+  assert.equal(first.ready, true);
+  assert.equal(second.ready, false, 'it saw half a snapshot');
+  snapshotFrames('s3', 1, 2).forEach((f) => s.frame(f));
+  assert.equal(second.ready, true);
+  assert.equal(second.rows.size, 2);
+});
