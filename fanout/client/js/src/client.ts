@@ -10,6 +10,7 @@ import {
   socketURL,
   type Conn,
   type ConnEnd,
+  type ConnEvents,
   type FetchLike,
   type StreamTopic,
   type WebSocketCtor,
@@ -53,8 +54,21 @@ export interface ClientOptions {
   pingInterval?: number;
   /** Refresh the token this long before exp (default 30 s). */
   refreshBefore?: number;
-  /** A connection that says nothing for this long is dropped and reopened (default 45 s). */
+  /**
+   * A connection that says nothing for this long is dropped and reopened
+   * (default 45 s). Frames and an event stream's heartbeat comments count.
+   */
   silenceTimeout?: number;
+  /** A connection not open this long after it was started is given up and retried (default 10 s). */
+  connectTimeout?: number;
+  /**
+   * transport 'auto': after this many WebSockets in a row that could not be
+   * opened where an event stream could, the client opens event streams
+   * only (default 3) …
+   */
+  wsBlockAfter?: number;
+  /** … and, while on an event stream, tries a WebSocket again this often (default 5 min). */
+  wsProbeInterval?: number;
   /** Called on every error; terminal ones also stop the client. */
   onError?: (err: WalcastError) => void;
   /** Called on every state change. */
@@ -129,7 +143,14 @@ export class Client {
   private stateValue: ClientState = 'closed';
   private started = false;
   private stopped = false;
+  /** Whether to open event streams only (transport 'auto'; see wsBlockAfter). */
   private wsBlocked = false;
+  /** WebSockets in a row that could not be opened. */
+  private wsFailures = 0;
+  /** A WebSocket opened beside an event stream to learn whether sockets work again. */
+  private probe: Conn | undefined;
+  private probeTimer: unknown;
+  private connectTimer: unknown;
   private timers = new Set<unknown>();
   private retryTimer: unknown;
   private pingTimer: unknown;
@@ -282,7 +303,8 @@ export class Client {
     this.generation++;
     for (const h of this.timers) this.clock.clearTimeout(h);
     this.timers.clear();
-    this.retryTimer = this.pingTimer = this.refreshTimer = this.silenceTimer = undefined;
+    this.retryTimer = this.pingTimer = this.refreshTimer = this.silenceTimer = this.probeTimer = this.connectTimer = undefined;
+    this.endProbe();
     const c = this.conn;
     this.conn = undefined;
     c?.close();
@@ -339,16 +361,20 @@ export class Client {
     this.openConn(gen, (ev) => openEventStream(f, url, token, undefined, ev), false);
   }
 
-  private openConn(gen: number, make: (ev: { open(): void; frame(f: ServerFrame): void; end(e: ConnEnd): void }) => Conn, fallback: boolean): void {
+  private openConn(gen: number, make: (ev: ConnEvents) => Conn, fallback: boolean): void {
     this.gotFrame = false;
     const conn = make({
       open: () => {
         if (gen !== this.generation) return;
+        this.cancel(this.connectTimer);
         this.onOpen();
       },
       frame: (f) => {
         if (gen !== this.generation) return;
         this.onFrame(f);
+      },
+      alive: () => {
+        if (gen === this.generation) this.armSilence();
       },
       end: (e) => {
         if (gen !== this.generation || this.conn !== conn) return;
@@ -357,6 +383,16 @@ export class Client {
       },
     });
     this.conn = conn;
+    // A socket can hang in its handshake (a proxy that never answers): give
+    // it up after connectTimeout as if it had failed to open.
+    this.cancel(this.connectTimer);
+    this.connectTimer = this.after(this.opts.connectTimeout ?? 10_000, () => {
+      this.connectTimer = undefined;
+      if (this.conn !== conn || gen !== this.generation) return;
+      this.conn = undefined;
+      conn.close();
+      this.onEnd({ code: 1006, reason: 'the node did not answer within the connect timeout', opened: false }, fallback, conn.kind);
+    });
   }
 
   private onOpen(): void {
@@ -364,10 +400,14 @@ export class Client {
     if (!c) return;
     if (c.kind === 'sse' && this.fallbackPending) {
       // The socket failed where the event stream works: something between
-      // us and the node blocks WebSockets. Stay on SSE from now on.
+      // us and the node may block WebSockets. After several failures in a
+      // row, open event streams only.
       this.fallbackPending = false;
-      this.wsBlocked = true;
+      if (this.wsFailures >= (this.opts.wsBlockAfter ?? 3)) this.wsBlocked = true;
     }
+    // On an event stream (transport 'auto'), try a socket again now and then.
+    if (c.kind === 'sse') this.scheduleProbe();
+    if (c.kind === 'websocket') this.wsFailures = 0;
     this.setState('open');
     if (c.kind === 'websocket') {
       for (const st of this.topics.values()) this.sendSub(st);
@@ -381,10 +421,14 @@ export class Client {
     this.cancel(this.pingTimer);
     this.cancel(this.refreshTimer);
     this.cancel(this.silenceTimer);
+    this.cancel(this.connectTimer);
+    this.cancel(this.probeTimer);
+    this.endProbe();
     if (this.stopped) return;
     if (this.stateValue === 'offline') return;
     if (!e.opened) {
       this.fallbackPending = false;
+      if (kind === 'websocket') this.wsFailures++;
       if (kind === 'websocket' && fallback) {
         // A socket that cannot be opened: try the event stream, which also
         // tells a refusal (401, 403, 503) from a blocked WebSocket.
@@ -463,6 +507,47 @@ export class Client {
     if (this.stopped || !this.started) return;
     this.teardown();
     this.setState('offline');
+  }
+
+  /** scheduleProbe tries a WebSocket beside the open event stream after wsProbeInterval. */
+  private scheduleProbe(): void {
+    this.cancel(this.probeTimer);
+    const WS = this.opts.WebSocket ?? (globalThis as { WebSocket?: WebSocketCtor }).WebSocket;
+    if (!WS || (this.opts.transport ?? 'auto') !== 'auto') return;
+    const gen = this.generation;
+    this.probeTimer = this.after(this.opts.wsProbeInterval ?? 300_000, () => {
+      this.probeTimer = undefined;
+      if (gen !== this.generation || this.conn?.kind !== 'sse' || !this.token) return;
+      let timer: unknown;
+      const probe = openWebSocket(WS, socketURL(this.opts.url, this.token), {
+        open: () => {
+          this.cancel(timer);
+          if (this.probe !== probe) return;
+          // Sockets work again: move the topics over to one (resuming
+          // from their cursors, nothing lost).
+          this.endProbe();
+          this.wsFailures = 0;
+          this.wsBlocked = false;
+          if (gen === this.generation && this.conn?.kind === 'sse') this.reopen();
+        },
+        frame: () => {},
+        end: () => {
+          this.cancel(timer);
+          if (this.probe !== probe) return;
+          this.probe = undefined;
+          this.wsFailures++;
+          if (gen === this.generation) this.scheduleProbe();
+        },
+      });
+      this.probe = probe;
+      timer = this.after(this.opts.connectTimeout ?? 10_000, () => probe.close());
+    });
+  }
+
+  private endProbe(): void {
+    const p = this.probe;
+    this.probe = undefined;
+    p?.close();
   }
 
   private schedulePing(): void {

@@ -37,6 +37,8 @@ export interface ConnEnd {
 export interface ConnEvents {
   open(): void;
   frame(f: ServerFrame): void;
+  /** The node said something that is not a frame: an SSE comment (its heartbeat). */
+  alive?(): void;
   end(e: ConnEnd): void;
 }
 
@@ -106,8 +108,8 @@ export function openWebSocket(WS: WebSocketCtor, url: string, ev: ConnEvents): C
     ev.frame(f);
   };
   ws.onclose = (c) => end({ code: c.code, reason: c.reason, opened });
-  // An error is followed by close; a constructor that never closes after an
-  // error is covered by the caller's handshake timeout.
+  // An error is followed by close; a socket that never opens nor closes is
+  // ended by the client's connect timeout (ClientOptions.connectTimeout).
   ws.onerror = () => {};
   return {
     kind: 'websocket',
@@ -141,7 +143,11 @@ export class SSEParser {
   /** The last event id seen (Last-Event-ID), if any. */
   lastEventId: string | undefined;
 
-  constructor(private readonly onEvent: (type: string, data: string, id: string | undefined) => void) {}
+  /** onComment, when given, is called with each comment's text (a heartbeat). */
+  constructor(
+    private readonly onEvent: (type: string, data: string, id: string | undefined) => void,
+    private readonly onComment?: (text: string) => void,
+  ) {}
 
   push(chunk: Uint8Array | string): void {
     this.buf += typeof chunk === 'string' ? chunk : this.decoder.decode(chunk, { stream: true });
@@ -165,7 +171,10 @@ export class SSEParser {
       this.id = undefined;
       return;
     }
-    if (line.startsWith(':')) return;
+    if (line.startsWith(':')) {
+      this.onComment?.(line.slice(1).trimStart());
+      return;
+    }
     const i = line.indexOf(':');
     const field = i < 0 ? line : line.slice(0, i);
     let value = i < 0 ? '' : line.slice(i + 1);
@@ -216,6 +225,9 @@ export function openEventStream(fetchFn: FetchLike, url: string, token: string, 
       return;
     }
     ev.frame(f as ServerFrame);
+  }, () => {
+    // The node's heartbeat (its socket's pong): the stream is alive.
+    if (!ended) ev.alive?.();
   });
   (async () => {
     let res;

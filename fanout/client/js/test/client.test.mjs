@@ -290,7 +290,7 @@ test('visibility: a waiting client reconnects when the page is shown', async () 
   assert.equal(ws.sockets.length, 2);
 });
 
-test('falls back to SSE when the socket cannot be opened, and stays there', async () => {
+test('falls back to SSE when the socket cannot be opened, and tries the socket again on the next connect', async () => {
   const f = fakeFetch();
   const { c, ws } = connected({ fetch: f.fetch, transport: 'auto' });
   const got = [];
@@ -319,9 +319,110 @@ test('falls back to SSE when the socket cannot be opened, and stays there', asyn
   await tick();
   c['clock'].advance(5000);
   await tick();
-  assert.equal(ws.sockets.length, 1, 'no new WebSocket once it proved blocked');
+  assert.equal(ws.sockets.length, 2, 'one failed socket does not make SSE permanent');
+  ws.sockets[1].fail();
+  await tick();
   assert.equal(f.calls.length, 2);
   assert.deepEqual(f.calls[1].url.searchParams.getAll('cursor'), ['c2']);
+});
+
+test('after 3 sockets in a row fail where SSE works, SSE only; a probe socket moves back when sockets work again', async () => {
+  const f = fakeFetch();
+  const { c, ws, clock } = connected({ fetch: f.fetch, transport: 'auto', backoff: { initial: 100, max: 100 } });
+  c.subscribe(T, { cursor: 'c1' }, {});
+  await tick();
+  for (let i = 0; i < 3; i++) {
+    assert.equal(ws.sockets.length, i + 1);
+    ws.sockets[i].fail();
+    await tick();
+    answer(f.calls[i], { status: 200 });
+    await tick();
+    await tick();
+    assert.equal(c.transport, 'sse');
+    f.calls[i].end(); // the stream drops
+    await tick();
+    await tick();
+    clock.advance(100);
+    await tick();
+  }
+  // Blocked: the reconnect goes straight to an event stream.
+  assert.equal(ws.sockets.length, 3);
+  assert.equal(f.calls.length, 4);
+  answer(f.calls[3], { status: 200 });
+  await tick();
+  await tick();
+  // Five minutes on the stream (its heartbeats keep it), then a probe socket.
+  for (let t = 0; t < 20; t++) {
+    f.calls[3].write(': heartbeat\n\n');
+    await tick();
+    clock.advance(15_000);
+  }
+  assert.equal(ws.sockets.length, 4, 'a probe socket after wsProbeInterval');
+  ws.sockets[3].open();
+  await tick();
+  assert.equal(ws.sockets[3].closedWith, 1000, 'the probe is closed');
+  assert.equal(ws.sockets.length, 5);
+  ws.sockets[4].open();
+  assert.equal(c.transport, 'websocket');
+  assert.deepEqual(ws.sockets[4].sent, [{ t: 'sub', topic: T, cursor: 'c1' }]);
+});
+
+test('a quiet event stream is kept open by its heartbeats', async () => {
+  const f = fakeFetch();
+  const { c, clock } = connected({ fetch: f.fetch, transport: 'sse' });
+  c.subscribe(T, {}, {});
+  await tick();
+  answer(f.calls[0], { status: 200 });
+  await tick();
+  await tick();
+  for (let t = 0; t < 10; t++) {
+    f.calls[0].write(': heartbeat\n\n');
+    await tick();
+    await tick();
+    clock.advance(15_000);
+    await tick();
+  }
+  assert.equal(f.calls.length, 1, 'the stream was reopened though the node sent its heartbeat every 15 s');
+  assert.equal(c.transport, 'sse');
+  clock.advance(45_000); // and silence still ends it
+  await tick();
+  await tick();
+  clock.advance(1_000);
+  await tick();
+  await tick();
+  assert.equal(f.calls.length, 2);
+});
+
+test('a socket that never opens is given up after the connect timeout', async () => {
+  const { c, ws, clock, states } = connected({ backoff: { initial: 100, max: 100 } });
+  c.subscribe(T, {}, {});
+  await tick();
+  assert.equal(ws.sockets.length, 1);
+  clock.advance(9_999);
+  await tick();
+  assert.equal(ws.sockets[0].closedWith, undefined);
+  clock.advance(1);
+  await tick();
+  assert.equal(ws.sockets[0].closedWith, 1000);
+  assert.equal(states.at(-1), 'waiting');
+  clock.advance(100);
+  await tick();
+  assert.equal(ws.sockets.length, 2);
+  ws.sockets[1].open();
+  assert.equal(c.state, 'open');
+  clock.advance(20_000); // an open socket is not timed out
+  assert.equal(ws.sockets[1].closedWith, undefined);
+});
+
+test('transport auto: a socket that hangs falls back to SSE after the connect timeout', async () => {
+  const f = fakeFetch();
+  const { c, ws, clock } = connected({ fetch: f.fetch, transport: 'auto' });
+  c.subscribe(T, {}, {});
+  await tick();
+  clock.advance(10_000);
+  await tick();
+  assert.equal(ws.sockets[0].closedWith, 1000);
+  assert.equal(f.calls.length, 1);
 });
 
 test('SSE refusals: 401 is terminal and says why', async () => {
