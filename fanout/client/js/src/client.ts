@@ -59,6 +59,12 @@ export interface ClientOptions {
    * (default 45 s). Frames and an event stream's heartbeat comments count.
    */
   silenceTimeout?: number;
+  /**
+   * The backoff starts over once a connection has stayed open this long
+   * (default 10 s): a node that accepts and then closes (1013, 4000) is
+   * retried ever more slowly.
+   */
+  healthyAfter?: number;
   /** A connection not open this long after it was started is given up and retried (default 10 s). */
   connectTimeout?: number;
   /**
@@ -157,7 +163,7 @@ export class Client {
   private refreshTimer: unknown;
   private silenceTimer: unknown;
   private reopenQueued = false;
-  private gotFrame = false;
+  private healthyTimer: unknown;
   private generation = 0;
   private readonly onOnline = () => this.wake();
   private readonly onOffline = () => this.goOffline();
@@ -303,7 +309,7 @@ export class Client {
     this.generation++;
     for (const h of this.timers) this.clock.clearTimeout(h);
     this.timers.clear();
-    this.retryTimer = this.pingTimer = this.refreshTimer = this.silenceTimer = this.probeTimer = this.connectTimer = undefined;
+    this.retryTimer = this.pingTimer = this.refreshTimer = this.silenceTimer = this.probeTimer = this.connectTimer = this.healthyTimer = undefined;
     this.endProbe();
     const c = this.conn;
     this.conn = undefined;
@@ -362,7 +368,6 @@ export class Client {
   }
 
   private openConn(gen: number, make: (ev: ConnEvents) => Conn, fallback: boolean): void {
-    this.gotFrame = false;
     const conn = make({
       open: () => {
         if (gen !== this.generation) return;
@@ -415,6 +420,11 @@ export class Client {
     }
     this.scheduleRefresh();
     this.armSilence();
+    this.cancel(this.healthyTimer);
+    this.healthyTimer = this.after(this.opts.healthyAfter ?? 10_000, () => {
+      this.healthyTimer = undefined;
+      this.backoff.reset(); // the connection works
+    });
   }
 
   private onEnd(e: ConnEnd, fallback: boolean, kind: 'websocket' | 'sse'): void {
@@ -423,6 +433,7 @@ export class Client {
     this.cancel(this.silenceTimer);
     this.cancel(this.connectTimer);
     this.cancel(this.probeTimer);
+    this.cancel(this.healthyTimer);
     this.endProbe();
     if (this.stopped) return;
     if (this.stateValue === 'offline') return;
@@ -638,10 +649,6 @@ export class Client {
 
   private onFrame(f: ServerFrame): void {
     this.armSilence();
-    if (!this.gotFrame) {
-      this.gotFrame = true;
-      this.backoff.reset(); // the node answers: the connection works
-    }
     switch (f.t) {
       case 'pong':
         return;

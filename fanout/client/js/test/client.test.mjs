@@ -544,3 +544,27 @@ test('snapshot-unavailable: the topic is followed without a snapshot, and the er
   ws.sockets[1].open();
   assert.deepEqual(subs(ws.sockets[1]), [{ t: 'sub', topic: T, cursor: 'c0' }]);
 });
+
+test('backoff grows while the node accepts and closes at once; it starts over after 10 s open', async () => {
+  const { c, ws, clock } = connected({ backoff: { initial: 1000, max: 30_000 } });
+  c.subscribe(T, {}, {});
+  await tick();
+  const delays = [];
+  for (let i = 0; i < 4; i++) {
+    const s = ws.sockets[i];
+    s.open();
+    s.frame({ t: 'subscribed', topic: T, cursor: 'c0' });
+    s.serverClose(i % 2 ? 4000 : 1013, 'try later');
+    delays.push(clock.next());
+    clock.advance(clock.next());
+    await tick();
+  }
+  assert.deepEqual(delays, [750, 1500, 3000, 6000]);
+  const s = ws.sockets[4];
+  s.open();
+  s.frame({ t: 'subscribed', topic: T, cursor: 'c0' });
+  clock.advance(10_000);
+  s.frame({ t: 'pong' });
+  s.serverClose(1006);
+  assert.equal(clock.next(), 750);
+});
