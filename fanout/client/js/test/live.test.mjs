@@ -11,7 +11,7 @@ test('live: snapshot rows, then changes keep key → row', async () => {
   const e = env();
   const c = new Client(e.opts);
   const events = [];
-  const table = c.live(T, { onChange: (_rows, ev) => events.push(ev.type) });
+  const table = c.live(T, { onChange: (_rows, evs) => events.push(evs.map((ev) => ev.type)) });
   await tick();
   const s = e.ws.sockets[0];
   s.open();
@@ -39,7 +39,8 @@ test('live: snapshot rows, then changes keep key → row', async () => {
   assert.deepEqual([...table.rows.keys()].sort(), [rowKey({ id: 1 }), rowKey({ id: 30 })].sort());
   s.frame(ch(7, 'truncate', {}));
   assert.equal(table.rows.size, 0);
-  assert.deepEqual(events, ['upsert', 'upsert', 'snapshot', 'upsert', 'upsert', 'delete', 'delete', 'upsert', 'clear']);
+  await tick();
+  assert.deepEqual(events, [['snapshot'], ['upsert', 'upsert', 'delete', 'delete', 'upsert', 'clear']]);
 });
 
 test('live: a resync asks for a new snapshot and drops rows it does not name', async () => {
@@ -205,4 +206,65 @@ test('live: a second live() during the first one\'s snapshot waits for a whole o
   snapshotFrames('s3', 1, 2).forEach((f) => s.frame(f));
   assert.equal(second.ready, true);
   assert.equal(second.rows.size, 2);
+});
+
+test('live: one callback per snapshot and per batch of changes, each with a new Map', async () => {
+  const e = env();
+  const c = new Client(e.opts);
+  const calls = [];
+  const table = c.live(T, { onChange: (rows, evs) => calls.push({ rows, size: rows.size, evs }) });
+  await tick();
+  const s = e.ws.sockets[0];
+  s.open();
+  const ids = Array.from({ length: 3028 }, (_, i) => i + 1);
+  const [begin, ...rest] = snapshotFrames('s1', ...ids);
+  s.frame(begin);
+  for (const f of rest.slice(0, -1)) s.frame(f);
+  // A transaction committed while the rows were read, part of the snapshot.
+  s.frame({ t: 'change', topic: T, change: { seq: 1, op: 'insert', ...env0, key: { id: 5000 }, after: { id: 5000 } } });
+  await tick();
+  assert.equal(calls.length, 0, 'nothing before the snapshot ends');
+  assert.equal(table.rows.size, 0, 'rows are the snapshot\'s only once it is whole');
+  s.frame(rest.at(-1));
+  assert.equal(calls.length, 1);
+  assert.deepEqual(calls[0].evs, [{ type: 'snapshot', rows: 3029 }]);
+  assert.equal(calls[0].size, 3029);
+  // A transaction of three changes arriving together: one callback.
+  s.frame(ch(2, 'insert', { key: { id: 6000 }, after: { id: 6000 } }));
+  s.frame(ch(3, 'update', { key: { id: 1 }, after: { id: 1, v: 2 } }));
+  s.frame(ch(4, 'delete', { key: { id: 2 }, before: { id: 2 } }));
+  assert.equal(calls.length, 1);
+  await tick();
+  assert.equal(calls.length, 2);
+  assert.deepEqual(calls[1].evs.map((ev) => ev.type), ['upsert', 'upsert', 'delete']);
+  assert.notEqual(calls[1].rows, calls[0].rows, 'a new Map per batch');
+  assert.equal(calls[0].rows.size, 3029, 'a Map handed out never changes');
+  assert.equal(calls[0].rows.has(rowKey({ id: 2 })), true);
+  assert.equal(calls[1].rows.size, 3029);
+  assert.equal(table.rows, calls[1].rows);
+  s.frame(ch(5, 'insert', { key: { id: 7000 }, after: { id: 7000 } }));
+  await tick();
+  assert.equal(calls.length, 3);
+  assert.notEqual(calls[2].rows, calls[1].rows);
+  assert.equal(calls[1].rows.size, 3029);
+  assert.equal(calls[2].rows.size, 3030);
+});
+
+test('live: schedule groups changes as the page asks (one callback per animation frame)', async () => {
+  const e = env();
+  const c = new Client(e.opts);
+  const frames = [];
+  const calls = [];
+  c.live(T, { snapshot: false, schedule: (fn) => frames.push(fn), onChange: (_rows, evs) => calls.push(evs.length) });
+  await tick();
+  const s = e.ws.sockets[0];
+  s.open();
+  s.frame(ch(1, 'insert', { key: { id: 1 }, after: { id: 1 } }));
+  await tick();
+  s.frame(ch(2, 'insert', { key: { id: 2 }, after: { id: 2 } }));
+  await tick();
+  assert.equal(calls.length, 0);
+  assert.equal(frames.length, 1, 'one frame asked for');
+  frames.shift()();
+  assert.deepEqual(calls, [2]);
 });
