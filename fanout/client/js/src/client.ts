@@ -438,6 +438,9 @@ export class Client {
     if (this.stopped) return;
     if (this.stateValue === 'offline') return;
     if (!e.opened) {
+      // The event stream opened after a failed socket failed too: the node
+      // is unreachable, which says nothing of WebSockets.
+      if (kind === 'sse' && this.fallbackPending) this.wsFailures = Math.max(0, this.wsFailures - 1);
       this.fallbackPending = false;
       if (kind === 'websocket') this.wsFailures++;
       if (kind === 'websocket' && fallback) {

@@ -568,3 +568,31 @@ test('backoff grows while the node accepts and closes at once; it starts over af
   s.serverClose(1006);
   assert.equal(clock.next(), 750);
 });
+
+test('transport auto: sockets that fail while the node is unreachable do not count toward SSE only', async () => {
+  const f = fakeFetch();
+  const { c, ws, clock } = connected({ fetch: f.fetch, transport: 'auto', backoff: { initial: 100, max: 100 } });
+  c.subscribe(T, {}, {});
+  await tick();
+  for (let i = 0; i < 3; i++) {
+    ws.sockets[i].fail();
+    await tick();
+    answer(f.calls[i], { status: 503, text: 'overloaded', headers: { 'Retry-After': '1' } });
+    await tick();
+    await tick();
+    clock.advance(1000);
+    await tick();
+  }
+  // The node is back; something drops this one socket, the stream works.
+  ws.sockets[3].fail();
+  await tick();
+  answer(f.calls[3], { status: 200 });
+  await tick();
+  await tick();
+  f.calls[3].end();
+  await tick();
+  await tick();
+  clock.advance(100);
+  await tick();
+  assert.equal(ws.sockets.length, 5, 'a socket is tried again: one failed where the stream worked');
+});
