@@ -769,7 +769,7 @@ export class Client {
         case 'too-many-topics':
           this.cancel(st.retryTimer);
           this.topics.delete(st.topic); // the node dropped it; so do we
-          then = '; the client left the topic (fix the token or the topic name and subscribe again)';
+          then = `; the client left the topic (${leaveHint(f.code)}, then subscribe again)`;
           break;
       }
     }
@@ -798,6 +798,17 @@ export class Client {
 
 /** The longest delay setTimeout honours (2^31 - 1 ms); longer ones fire at once. */
 const maxTimerDelay = 2 ** 31 - 1;
+
+function leaveHint(code: string): string {
+  switch (code) {
+    case 'forbidden':
+      return "get a token whose topics claim grants it";
+    case 'bad-topic':
+      return 'name it as schema.table';
+    default:
+      return 'follow at most 256 topics on one connection';
+  }
+}
 
 function giveUpHint(code: number): string {
   switch (code) {

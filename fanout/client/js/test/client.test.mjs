@@ -596,3 +596,16 @@ test('transport auto: sockets that fail while the node is unreachable do not cou
   await tick();
   assert.equal(ws.sockets.length, 5, 'a socket is tried again: one failed where the stream worked');
 });
+
+test('forbidden: the topic is left and the error says what to fix', async () => {
+  const { c, ws, errors, clock } = connected();
+  c.subscribe(T, {}, {});
+  await tick();
+  const s = ws.sockets[0];
+  s.open();
+  s.frame({ t: 'error', code: 'forbidden', topic: T, message: 'topic not in the token' });
+  assert.match(errors[0].message, /forbidden on public\.orders: topic not in the token; the client left the topic \(get a token whose topics claim grants it, then subscribe again\)/);
+  assert.equal(c.cursor(T), undefined);
+  clock.advance(600_000);
+  assert.equal(subs(s).length, 1);
+});
