@@ -147,7 +147,10 @@ export function live(client: Client, topic: string, opts: LiveOptions = {}): Liv
 
   const handlers: Handlers = {
     onChange: apply,
-    onRow: (row) => apply({ ...row, op: row.op === 'read' ? 'read' : row.op }),
+    onRow: (row) => {
+      // Rows of a snapshot whose beginning this table did not see are partial.
+      if (snap) apply({ ...row, op: row.op === 'read' ? 'read' : row.op });
+    },
     onSnapshotBegin: () => {
       flush(); // changes before the snapshot are a batch of their own
       snap = new Map(rows);

@@ -197,15 +197,20 @@ test('live: a second live() during the first one\'s snapshot waits for a whole o
   const [begin, r1, r2, end] = snapshotFrames('s2', 1, 2);
   s.frame(begin);
   s.frame(r1);
-  const second = c.live(T);
+  let calls = 0;
+  const second = c.live(T, { onChange: () => calls++ });
   assert.equal(s.sent.filter((f) => f.t === 'sub').length, 2);
   s.frame(r2); // the rest of the first snapshot, already on its way
   s.frame(end);
+  await tick();
   assert.equal(first.ready, true);
   assert.equal(second.ready, false, 'it saw half a snapshot');
+  assert.equal(second.rows.size, 0, 'half a snapshot is not rows');
+  assert.equal(calls, 0);
   snapshotFrames('s3', 1, 2).forEach((f) => s.frame(f));
   assert.equal(second.ready, true);
   assert.equal(second.rows.size, 2);
+  assert.equal(calls, 1);
 });
 
 test('live: one callback per snapshot and per batch of changes, each with a new Map', async () => {
