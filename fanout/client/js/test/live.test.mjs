@@ -273,3 +273,29 @@ test('live: schedule groups changes as the page asks (one callback per animation
   frames.shift()();
   assert.deepEqual(calls, [2]);
 });
+
+test('live over SSE: a second live() reopens the stream for a snapshot, without the cursor', async () => {
+  const f = fakeFetch();
+  const e = env({ transport: 'sse', fetch: f.fetch });
+  const c = new Client(e.opts);
+  const first = c.live(T);
+  await ticks();
+  answer(f.calls[0], { status: 200 });
+  await ticks();
+  sseWrite(f.calls[0], ...snapshotFrames('s2', 1, 2));
+  await ticks();
+  assert.equal(first.ready, true);
+  const second = c.live(T);
+  await ticks();
+  const again = f.calls[1];
+  assert.ok(again, 'the stream is reopened');
+  assert.deepEqual(again.url.searchParams.getAll('snapshot'), [T]);
+  assert.deepEqual(again.url.searchParams.getAll('cursor'), []);
+  answer(again, { status: 200 });
+  await ticks();
+  sseWrite(again, ...snapshotFrames('s3', 1, 2, 3));
+  await ticks();
+  assert.equal(second.ready, true);
+  assert.equal(second.rows.size, 3);
+  assert.equal(first.rows.size, 3);
+});
