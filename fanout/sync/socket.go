@@ -97,6 +97,20 @@ func errorFrame(code, message, topic string) *frame {
 	return newFrame(b)
 }
 
+// retryErrorFrame is an error frame that also says when to ask again:
+// retryAfter, in whole seconds (at least 1), the Retry-After of an HTTP
+// refusal of the same cause.
+func retryErrorFrame(code, message, topic string, wait time.Duration) *frame {
+	b, _ := json.Marshal(struct {
+		T          string      `json:"t"`
+		Code       string      `json:"code"`
+		Message    string      `json:"message"`
+		Topic      string      `json:"topic,omitempty"`
+		RetryAfter json.Number `json:"retryAfter"`
+	}{"error", code, message, topic, json.Number(retryAfter(wait))})
+	return newFrame(b)
+}
+
 var pongFrame = newFrame([]byte(`{"t":"pong"}`))
 
 // socketGap is a topic owed a replay-gap frame once the queue drains.
@@ -631,7 +645,7 @@ func (s *socket) subscribe(topic, cursor string, snapshot bool) {
 		if wait := n.limits.takeSnapshot(s.limKey[0], s.limKey[1]); wait > 0 {
 			n.stats.inc(&n.stats.rejected, "snapshot-rate")
 			n.snapshotEnded("refused", time.Time{})
-			s.enqueue(errorFrame("rate-limited", "too many snapshots from this client; the topic is not subscribed; subscribe again after "+retryAfter(wait)+" s", topic), nil)
+			s.enqueue(retryErrorFrame("rate-limited", "too many snapshots from this client; the topic is not subscribed; subscribe again after "+retryAfter(wait)+" s", topic, wait), nil)
 			return
 		}
 	}

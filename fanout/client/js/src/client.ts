@@ -10,6 +10,7 @@ import {
   socketURL,
   type Conn,
   type ConnEnd,
+  type ConnEvents,
   type FetchLike,
   type StreamTopic,
   type WebSocketCtor,
@@ -53,8 +54,27 @@ export interface ClientOptions {
   pingInterval?: number;
   /** Refresh the token this long before exp (default 30 s). */
   refreshBefore?: number;
-  /** A connection that says nothing for this long is dropped and reopened (default 45 s). */
+  /**
+   * A connection that says nothing for this long is dropped and reopened
+   * (default 45 s). Frames and an event stream's heartbeat comments count.
+   */
   silenceTimeout?: number;
+  /**
+   * The backoff starts over once a connection has stayed open this long
+   * (default 10 s): a node that accepts and then closes (1013, 4000) is
+   * retried ever more slowly.
+   */
+  healthyAfter?: number;
+  /** A connection not open this long after it was started is given up and retried (default 10 s). */
+  connectTimeout?: number;
+  /**
+   * transport 'auto': after this many WebSockets in a row that could not be
+   * opened where an event stream could, the client opens event streams
+   * only (default 3) …
+   */
+  wsBlockAfter?: number;
+  /** … and, while on an event stream, tries a WebSocket again this often (default 5 min). */
+  wsProbeInterval?: number;
   /** Called on every error; terminal ones also stop the client. */
   onError?: (err: WalcastError) => void;
   /** Called on every state change. */
@@ -103,6 +123,11 @@ interface TopicState {
   snapshot: boolean;
   /** Whether the snapshot still has to be asked for (first sub, resync). */
   wantSnapshot: boolean;
+  /** Between snapshot-begin and snapshot-end. */
+  inSnapshot: boolean;
+  /** Delays of resubscriptions after the node ended the topic's subscription. */
+  retry: Backoff;
+  retryTimer?: unknown;
 }
 
 /**
@@ -124,14 +149,21 @@ export class Client {
   private stateValue: ClientState = 'closed';
   private started = false;
   private stopped = false;
+  /** Whether to open event streams only (transport 'auto'; see wsBlockAfter). */
   private wsBlocked = false;
+  /** WebSockets in a row that could not be opened. */
+  private wsFailures = 0;
+  /** A WebSocket opened beside an event stream to learn whether sockets work again. */
+  private probe: Conn | undefined;
+  private probeTimer: unknown;
+  private connectTimer: unknown;
   private timers = new Set<unknown>();
   private retryTimer: unknown;
   private pingTimer: unknown;
   private refreshTimer: unknown;
   private silenceTimer: unknown;
   private reopenQueued = false;
-  private gotFrame = false;
+  private healthyTimer: unknown;
   private generation = 0;
   private readonly onOnline = () => this.wake();
   private readonly onOffline = () => this.goOffline();
@@ -193,18 +225,38 @@ export class Client {
    */
   subscribe(topic: string, opts: SubscribeOptions = {}, handlers: Handlers = {}): () => void {
     let st = this.topics.get(topic);
+    let send = false;
     if (!st) {
       const cursor = opts.cursor ?? this.store.get(topic);
-      st = { topic, handlers: new Set(), cursor, lastSeq: 0, snapshot: !!opts.snapshot, wantSnapshot: !!opts.snapshot };
+      st = {
+        topic,
+        handlers: new Set(),
+        cursor,
+        lastSeq: 0,
+        snapshot: !!opts.snapshot,
+        wantSnapshot: !!opts.snapshot,
+        inSnapshot: false,
+        retry: new Backoff(this.opts.backoff, this.opts.random),
+      };
       this.topics.set(topic, st);
-      this.sendSub(st);
+      send = true;
+    } else if (opts.snapshot && (!st.wantSnapshot || st.inSnapshot)) {
+      // The rows went to the earlier subscribers only: ask for them again
+      // (every subscriber's handlers see the new snapshot, which replaces
+      // what the earlier ones hold).
+      st.snapshot = true;
+      st.wantSnapshot = true;
+      st.inSnapshot = false;
+      send = true;
     }
     st.handlers.add(handlers);
+    if (send) this.sendSub(st);
     this.connect();
     const s = st;
     return () => {
       if (!s.handlers.delete(handlers) || s.handlers.size > 0 || this.topics.get(topic) !== s) return;
       this.topics.delete(topic);
+      this.cancel(s.retryTimer);
       if (this.conn && this.stateValue === 'open' && !this.conn.send({ t: 'unsub', topic })) this.queueReopen();
     };
   }
@@ -257,7 +309,8 @@ export class Client {
     this.generation++;
     for (const h of this.timers) this.clock.clearTimeout(h);
     this.timers.clear();
-    this.retryTimer = this.pingTimer = this.refreshTimer = this.silenceTimer = undefined;
+    this.retryTimer = this.pingTimer = this.refreshTimer = this.silenceTimer = this.probeTimer = this.connectTimer = this.healthyTimer = undefined;
+    this.endProbe();
     const c = this.conn;
     this.conn = undefined;
     c?.close();
@@ -314,16 +367,19 @@ export class Client {
     this.openConn(gen, (ev) => openEventStream(f, url, token, undefined, ev), false);
   }
 
-  private openConn(gen: number, make: (ev: { open(): void; frame(f: ServerFrame): void; end(e: ConnEnd): void }) => Conn, fallback: boolean): void {
-    this.gotFrame = false;
+  private openConn(gen: number, make: (ev: ConnEvents) => Conn, fallback: boolean): void {
     const conn = make({
       open: () => {
         if (gen !== this.generation) return;
+        this.cancel(this.connectTimer);
         this.onOpen();
       },
       frame: (f) => {
         if (gen !== this.generation) return;
         this.onFrame(f);
+      },
+      alive: () => {
+        if (gen === this.generation) this.armSilence();
       },
       end: (e) => {
         if (gen !== this.generation || this.conn !== conn) return;
@@ -332,6 +388,16 @@ export class Client {
       },
     });
     this.conn = conn;
+    // A socket can hang in its handshake (a proxy that never answers): give
+    // it up after connectTimeout as if it had failed to open.
+    this.cancel(this.connectTimer);
+    this.connectTimer = this.after(this.opts.connectTimeout ?? 10_000, () => {
+      this.connectTimer = undefined;
+      if (this.conn !== conn || gen !== this.generation) return;
+      this.conn = undefined;
+      conn.close();
+      this.onEnd({ code: 1006, reason: 'the node did not answer within the connect timeout', opened: false }, fallback, conn.kind);
+    });
   }
 
   private onOpen(): void {
@@ -339,10 +405,14 @@ export class Client {
     if (!c) return;
     if (c.kind === 'sse' && this.fallbackPending) {
       // The socket failed where the event stream works: something between
-      // us and the node blocks WebSockets. Stay on SSE from now on.
+      // us and the node may block WebSockets. After several failures in a
+      // row, open event streams only.
       this.fallbackPending = false;
-      this.wsBlocked = true;
+      if (this.wsFailures >= (this.opts.wsBlockAfter ?? 3)) this.wsBlocked = true;
     }
+    // On an event stream (transport 'auto'), try a socket again now and then.
+    if (c.kind === 'sse') this.scheduleProbe();
+    if (c.kind === 'websocket') this.wsFailures = 0;
     this.setState('open');
     if (c.kind === 'websocket') {
       for (const st of this.topics.values()) this.sendSub(st);
@@ -350,16 +420,29 @@ export class Client {
     }
     this.scheduleRefresh();
     this.armSilence();
+    this.cancel(this.healthyTimer);
+    this.healthyTimer = this.after(this.opts.healthyAfter ?? 10_000, () => {
+      this.healthyTimer = undefined;
+      this.backoff.reset(); // the connection works
+    });
   }
 
   private onEnd(e: ConnEnd, fallback: boolean, kind: 'websocket' | 'sse'): void {
     this.cancel(this.pingTimer);
     this.cancel(this.refreshTimer);
     this.cancel(this.silenceTimer);
+    this.cancel(this.connectTimer);
+    this.cancel(this.probeTimer);
+    this.cancel(this.healthyTimer);
+    this.endProbe();
     if (this.stopped) return;
     if (this.stateValue === 'offline') return;
     if (!e.opened) {
+      // The event stream opened after a failed socket failed too: the node
+      // is unreachable, which says nothing of WebSockets.
+      if (kind === 'sse' && this.fallbackPending) this.wsFailures = Math.max(0, this.wsFailures - 1);
       this.fallbackPending = false;
+      if (kind === 'websocket') this.wsFailures++;
       if (kind === 'websocket' && fallback) {
         // A socket that cannot be opened: try the event stream, which also
         // tells a refusal (401, 403, 503) from a blocked WebSocket.
@@ -438,6 +521,47 @@ export class Client {
     if (this.stopped || !this.started) return;
     this.teardown();
     this.setState('offline');
+  }
+
+  /** scheduleProbe tries a WebSocket beside the open event stream after wsProbeInterval. */
+  private scheduleProbe(): void {
+    this.cancel(this.probeTimer);
+    const WS = this.opts.WebSocket ?? (globalThis as { WebSocket?: WebSocketCtor }).WebSocket;
+    if (!WS || (this.opts.transport ?? 'auto') !== 'auto') return;
+    const gen = this.generation;
+    this.probeTimer = this.after(this.opts.wsProbeInterval ?? 300_000, () => {
+      this.probeTimer = undefined;
+      if (gen !== this.generation || this.conn?.kind !== 'sse' || !this.token) return;
+      let timer: unknown;
+      const probe = openWebSocket(WS, socketURL(this.opts.url, this.token), {
+        open: () => {
+          this.cancel(timer);
+          if (this.probe !== probe) return;
+          // Sockets work again: move the topics over to one (resuming
+          // from their cursors, nothing lost).
+          this.endProbe();
+          this.wsFailures = 0;
+          this.wsBlocked = false;
+          if (gen === this.generation && this.conn?.kind === 'sse') this.reopen();
+        },
+        frame: () => {},
+        end: () => {
+          this.cancel(timer);
+          if (this.probe !== probe) return;
+          this.probe = undefined;
+          this.wsFailures++;
+          if (gen === this.generation) this.scheduleProbe();
+        },
+      });
+      this.probe = probe;
+      timer = this.after(this.opts.connectTimeout ?? 10_000, () => probe.close());
+    });
+  }
+
+  private endProbe(): void {
+    const p = this.probe;
+    this.probe = undefined;
+    p?.close();
   }
 
   private schedulePing(): void {
@@ -528,10 +652,6 @@ export class Client {
 
   private onFrame(f: ServerFrame): void {
     this.armSilence();
-    if (!this.gotFrame) {
-      this.gotFrame = true;
-      this.backoff.reset(); // the node answers: the connection works
-    }
     switch (f.t) {
       case 'pong':
         return;
@@ -554,6 +674,7 @@ export class Client {
         return;
       }
       case 'subscribed':
+        st.retry.reset();
         if (!st.cursor) this.setCursor(st, f.cursor);
         for (const h of [...st.handlers]) h.onSubscribed?.(f.cursor);
         return;
@@ -579,6 +700,10 @@ export class Client {
         return;
       case 'snapshot-begin':
         st.lastSeq = 0;
+        st.inSnapshot = true;
+        // Until its end there is no cursor to resume from: a snapshot cut
+        // short (a reconnect, snapshot-failed) is asked for again.
+        if (st.snapshot) st.wantSnapshot = true;
         for (const h of [...st.handlers]) h.onSnapshotBegin?.();
         return;
       case 'row': {
@@ -589,35 +714,79 @@ export class Client {
       }
       case 'snapshot-end':
         st.wantSnapshot = false;
+        st.inSnapshot = false;
+        st.retry.reset();
         this.setCursor(st, f.cursor);
         for (const h of [...st.handlers]) h.onSnapshotEnd?.(f.cursor);
         return;
     }
   }
 
-  private onErrorFrame(f: { code: string; message: string; topic?: string }): void {
+  private onErrorFrame(f: { code: string; message: string; topic?: string; retryAfter?: unknown }): void {
     const st = f.topic ? this.topics.get(f.topic) : undefined;
-    const err = new WalcastError('node', `walcast: ${f.code}${f.topic ? ` on ${f.topic}` : ''}: ${f.message}`, { code: f.code, topic: f.topic });
-    if (st && f.code === 'bad-cursor') {
-      // A cursor of another tenant, topic or deployment: start the topic
-      // over without one (its state must be read again).
-      this.store.delete(st.topic);
-      st.cursor = undefined;
-      st.lastSeq = 0;
-      if (st.snapshot) st.wantSnapshot = true;
-      for (const h of [...st.handlers]) h.onResync?.(undefined);
-      this.sendSub(st);
-    } else if (st && (f.code === 'unavailable' || f.code === 'unknown-topic')) {
-      // Retry the subscription later (a journal outage, a table's first change).
-      const gen = this.generation;
-      this.after(this.backoff.next(), () => {
-        if (gen === this.generation && this.topics.get(st.topic) === st) this.sendSub(st);
-      });
-    } else if (st && (f.code === 'forbidden' || f.code === 'bad-topic' || f.code === 'too-many-topics')) {
-      this.topics.delete(st.topic); // the node dropped it; so do we
+    // What the client does about it, for the message.
+    let then = '';
+    if (st) {
+      switch (f.code) {
+        case 'bad-cursor':
+          // A cursor of another tenant, topic or deployment: start the topic
+          // over without one (its state must be read again).
+          this.store.delete(st.topic);
+          st.cursor = undefined;
+          st.lastSeq = 0;
+          if (st.snapshot) st.wantSnapshot = true;
+          for (const h of [...st.handlers]) h.onResync?.(undefined);
+          this.sendSub(st);
+          then = '; the client dropped the cursor and subscribed again without it';
+          break;
+        case 'unavailable':
+        case 'unknown-topic':
+        case 'snapshot-failed':
+        case 'rate-limited':
+        case 'overloaded': {
+          // The node ended (or never began) the subscription: a journal
+          // outage, a table's first change still to come, a snapshot that
+          // failed, a snapshot budget or the node's memory spent. Ask again
+          // later: when the node says, else after the topic's backoff.
+          st.inSnapshot = false;
+          const ra = typeof f.retryAfter === 'number' && f.retryAfter > 0 ? f.retryAfter * 1000 : 0;
+          const ms = Math.max(ra, st.retry.next());
+          this.resubscribeLater(st, ms);
+          then = `; the client subscribes again in ${Math.ceil(ms / 1000)} s`;
+          break;
+        }
+        case 'snapshot-unavailable':
+          // The node serves no snapshots (no --database-url): follow the
+          // topic's changes without its current rows.
+          st.snapshot = false;
+          st.wantSnapshot = false;
+          st.inSnapshot = false;
+          this.sendSub(st);
+          then = "; the client follows the topic's changes without its current rows (start the node with --database-url to serve snapshots)";
+          break;
+        case 'forbidden':
+        case 'bad-topic':
+        case 'too-many-topics':
+          this.cancel(st.retryTimer);
+          this.topics.delete(st.topic); // the node dropped it; so do we
+          then = `; the client left the topic (${leaveHint(f.code)}, then subscribe again)`;
+          break;
+      }
     }
+    const err = new WalcastError('node', `walcast: ${f.code}${f.topic ? ` on ${f.topic}` : ''}: ${f.message}${then}`, { code: f.code, topic: f.topic });
     if (st) for (const h of [...st.handlers]) h.onError?.(err);
     this.report(err);
+  }
+
+  /** resubscribeLater subscribes st again after ms, unless the connection or the topic changed first. */
+  private resubscribeLater(st: TopicState, ms: number): void {
+    const gen = this.generation;
+    this.cancel(st.retryTimer);
+    st.retryTimer = this.after(ms, () => {
+      st.retryTimer = undefined;
+      // A new connection subscribes every topic itself.
+      if (gen === this.generation && this.topics.get(st.topic) === st) this.sendSub(st);
+    });
   }
 
   private setCursor(st: TopicState, cursor: string | undefined): void {
@@ -629,6 +798,17 @@ export class Client {
 
 /** The longest delay setTimeout honours (2^31 - 1 ms); longer ones fire at once. */
 const maxTimerDelay = 2 ** 31 - 1;
+
+function leaveHint(code: string): string {
+  switch (code) {
+    case 'forbidden':
+      return "get a token whose topics claim grants it";
+    case 'bad-topic':
+      return 'name it as schema.table';
+    default:
+      return 'follow at most 256 topics on one connection';
+  }
+}
 
 function giveUpHint(code: number): string {
   switch (code) {

@@ -64,7 +64,8 @@ export type ServerFrame =
   | { t: 'snapshot-begin'; topic: string; cursor?: string }
   | { t: 'row'; topic: string; cursor?: string; change?: Envelope; row?: Envelope }
   | { t: 'snapshot-end'; topic: string; cursor: string }
-  | { t: 'error'; code: string; message: string; topic?: string }
+  /** retryAfter (seconds): when to subscribe again, on rate-limited. */
+  | { t: 'error'; code: string; message: string; topic?: string; retryAfter?: number }
   | { t: 'refreshed'; exp: number }
   | { t: 'pong' };
 

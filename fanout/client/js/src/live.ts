@@ -13,13 +13,27 @@ export type LiveEvent =
 export interface LiveOptions {
   /** Ask the node for the current rows first (default true). */
   snapshot?: boolean;
-  /** Called after every change to rows, with what changed. */
-  onChange?(rows: ReadonlyMap<string, Row>, event: LiveEvent): void;
+  /**
+   * Called once per applied batch, with the rows after it and what changed,
+   * in order: a snapshot is one batch, delivered at its end ({type:
+   * 'snapshot'}, its rows not listed one by one); changes are batched by
+   * `schedule`. rows is a new Map for every batch that changed a row (a
+   * batch of only a resync passes the unchanged one), never changed after
+   * it is passed: keep it as state (React's setState sees the change).
+   */
+  onChange?(rows: ReadonlyMap<string, Row>, events: LiveEvent[]): void;
+  /**
+   * When a batch of changes is delivered: after the current task by default
+   * (queueMicrotask: the frames of one message, or of one read of an event
+   * stream, are one batch); pass requestAnimationFrame to deliver at most
+   * once per frame.
+   */
+  schedule?: (flush: () => void) => void;
   onError?(err: WalcastError): void;
 }
 
 export interface LiveTable {
-  /** key → row; keys are rowKey() of the key columns. */
+  /** key → row, as of the last applied change; keys are rowKey() of the key columns. */
   readonly rows: ReadonlyMap<string, Row>;
   /** Whether the snapshot (when asked for) has been received. */
   readonly ready: boolean;
@@ -48,15 +62,45 @@ function pick(row: Row | undefined, cols: string[]): Row | undefined {
  * (columns the change leaves out as unchanged keep their values), deletes
  * remove it, a truncate clears the table. A resync or a new snapshot
  * replaces the rows with the node's: rows the new snapshot does not name
- * are removed at its end.
+ * are removed at its end. The rows are copied on write: every batch gets a
+ * new Map, and a Map once handed out never changes.
  */
 export function live(client: Client, topic: string, opts: LiveOptions = {}): LiveTable {
-  const rows = new Map<string, Row>();
-  let ready = !(opts.snapshot ?? true);
+  /** The rows last handed out (or the empty start). */
+  let rows: Map<string, Row> = new Map();
+  /** The rows the pending change batch is building (a copy of rows). */
+  let draft: Map<string, Row> | undefined;
+  /** The rows of the snapshot being read (a copy of rows); keys it named. */
+  let snap: Map<string, Row> | undefined;
   let seen: Set<string> | undefined;
-  const emit = (ev: LiveEvent) => opts.onChange?.(rows, ev);
+  let ready = !(opts.snapshot ?? true);
+  let pending: LiveEvent[] = [];
+  let queued = false;
+  let stopped = false;
+  const schedule = opts.schedule ?? queueMicrotask;
 
+  const flush = () => {
+    queued = false;
+    if (stopped || pending.length === 0) return;
+    if (draft) rows = draft;
+    draft = undefined;
+    const events = pending;
+    pending = [];
+    opts.onChange?.(rows, events);
+  };
+  const push = (ev: LiveEvent) => {
+    pending.push(ev);
+    if (queued) return;
+    queued = true;
+    schedule(flush);
+  };
+
+  /** apply changes the map a change goes to: the snapshot's while one is read (its events are not listed). */
   const apply = (ch: Envelope) => {
+    const m = snap ?? (draft ??= new Map(rows));
+    const emit = (ev: LiveEvent) => {
+      if (!snap) push(ev);
+    };
     switch (ch.op) {
       case 'insert':
       case 'read':
@@ -68,32 +112,33 @@ export function live(client: Client, topic: string, opts: LiveOptions = {}): Liv
           const old = pick(ch.before, Object.keys(key));
           if (old) {
             const ok = rowKey(old);
-            if (ok !== k && rows.has(ok)) {
-              const prev = rows.get(ok)!;
-              rows.delete(ok);
-              rows.set(k, { ...prev, ...ch.after });
+            if (ok !== k && m.has(ok)) {
+              const prev = m.get(ok)!;
+              m.delete(ok);
+              const row = { ...prev, ...ch.after };
+              m.set(k, row);
               seen?.add(k);
               emit({ type: 'delete', key: ok, change: ch });
-              emit({ type: 'upsert', key: k, row: rows.get(k)!, change: ch });
+              emit({ type: 'upsert', key: k, row, change: ch });
               return;
             }
           }
         }
-        const row = { ...(ch.op === 'update' ? rows.get(k) : undefined), ...ch.after };
-        rows.set(k, row);
+        const row = { ...(ch.op === 'update' ? m.get(k) : undefined), ...ch.after };
+        m.set(k, row);
         seen?.add(k);
         emit({ type: 'upsert', key: k, row, change: ch });
         return;
       }
       case 'delete': {
         const k = rowKey(ch.key ?? pick(ch.before, Object.keys(ch.before ?? {})) ?? {});
-        rows.delete(k);
+        m.delete(k);
         seen?.delete(k);
         emit({ type: 'delete', key: k, change: ch });
         return;
       }
       case 'truncate':
-        rows.clear();
+        m.clear();
         seen?.clear();
         emit({ type: 'clear', change: ch });
         return;
@@ -102,25 +147,43 @@ export function live(client: Client, topic: string, opts: LiveOptions = {}): Liv
 
   const handlers: Handlers = {
     onChange: apply,
-    onRow: (row) => apply({ ...row, op: row.op === 'read' ? 'read' : row.op }),
+    onRow: (row) => {
+      // Rows of a snapshot whose beginning this table did not see are partial.
+      if (snap) apply({ ...row, op: row.op === 'read' ? 'read' : row.op });
+    },
     onSnapshotBegin: () => {
+      flush(); // changes before the snapshot are a batch of their own
+      snap = new Map(rows);
       seen = new Set();
     },
     onSnapshotEnd: () => {
-      if (seen) for (const k of [...rows.keys()]) if (!seen.has(k)) rows.delete(k);
+      // The end of a snapshot whose beginning this table did not see (a
+      // second live() of a topic mid-snapshot): its rows are partial; the
+      // snapshot the client asked for this table follows.
+      if (!snap || !seen) return;
+      for (const k of [...snap.keys()]) if (!seen.has(k)) snap.delete(k);
+      flush();
+      rows = snap;
+      snap = undefined;
       seen = undefined;
       ready = true;
-      emit({ type: 'snapshot', rows: rows.size });
+      pending.push({ type: 'snapshot', rows: rows.size });
+      flush();
     },
-    onResync: () => emit({ type: 'resync' }),
+    onResync: () => push({ type: 'resync' }),
     onError: (e) => opts.onError?.(e),
   };
-  const stop = client.subscribe(topic, { snapshot: opts.snapshot ?? true }, handlers);
+  const unsubscribe = client.subscribe(topic, { snapshot: opts.snapshot ?? true }, handlers);
   return {
-    rows,
+    get rows() {
+      return draft ?? rows;
+    },
     get ready() {
       return ready;
     },
-    stop,
+    stop() {
+      stopped = true;
+      unsubscribe();
+    },
   };
 }

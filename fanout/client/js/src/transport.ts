@@ -37,6 +37,8 @@ export interface ConnEnd {
 export interface ConnEvents {
   open(): void;
   frame(f: ServerFrame): void;
+  /** The node said something that is not a frame: an SSE comment (its heartbeat). */
+  alive?(): void;
   end(e: ConnEnd): void;
 }
 
@@ -65,12 +67,17 @@ export function socketURL(base: string, token: string): string {
   return u.toString();
 }
 
-/** eventsURL is base's /v1/events for topics (the token goes in a header). */
+/**
+ * eventsURL is base's /v1/events for topics (the token goes in a header).
+ * A topic whose snapshot is wanted goes without its cursor: given one the
+ * node resumes from it and takes no snapshot (docs/sync.md), as a `sub`
+ * frame with both would.
+ */
 export function eventsURL(base: string, topics: StreamTopic[]): string {
   const u = new URL('/v1/events', base);
   u.protocol = u.protocol === 'wss:' || u.protocol === 'https:' ? 'https:' : 'http:';
   for (const t of topics) u.searchParams.append('topic', t.topic);
-  for (const t of topics) if (t.cursor) u.searchParams.append('cursor', t.cursor);
+  for (const t of topics) if (t.cursor && !t.snapshot) u.searchParams.append('cursor', t.cursor);
   for (const t of topics) if (t.snapshot) u.searchParams.append('snapshot', t.topic);
   return u.toString();
 }
@@ -101,8 +108,8 @@ export function openWebSocket(WS: WebSocketCtor, url: string, ev: ConnEvents): C
     ev.frame(f);
   };
   ws.onclose = (c) => end({ code: c.code, reason: c.reason, opened });
-  // An error is followed by close; a constructor that never closes after an
-  // error is covered by the caller's handshake timeout.
+  // An error is followed by close; a socket that never opens nor closes is
+  // ended by the client's connect timeout (ClientOptions.connectTimeout).
   ws.onerror = () => {};
   return {
     kind: 'websocket',
@@ -136,7 +143,11 @@ export class SSEParser {
   /** The last event id seen (Last-Event-ID), if any. */
   lastEventId: string | undefined;
 
-  constructor(private readonly onEvent: (type: string, data: string, id: string | undefined) => void) {}
+  /** onComment, when given, is called with each comment's text (a heartbeat). */
+  constructor(
+    private readonly onEvent: (type: string, data: string, id: string | undefined) => void,
+    private readonly onComment?: (text: string) => void,
+  ) {}
 
   push(chunk: Uint8Array | string): void {
     this.buf += typeof chunk === 'string' ? chunk : this.decoder.decode(chunk, { stream: true });
@@ -160,7 +171,10 @@ export class SSEParser {
       this.id = undefined;
       return;
     }
-    if (line.startsWith(':')) return;
+    if (line.startsWith(':')) {
+      this.onComment?.(line.slice(1).trimStart());
+      return;
+    }
     const i = line.indexOf(':');
     const field = i < 0 ? line : line.slice(0, i);
     let value = i < 0 ? '' : line.slice(i + 1);
@@ -211,6 +225,9 @@ export function openEventStream(fetchFn: FetchLike, url: string, token: string, 
       return;
     }
     ev.frame(f as ServerFrame);
+  }, () => {
+    // The node's heartbeat (its socket's pong): the stream is alive.
+    if (!ended) ev.alive?.();
   });
   (async () => {
     let res;

@@ -290,7 +290,7 @@ test('visibility: a waiting client reconnects when the page is shown', async () 
   assert.equal(ws.sockets.length, 2);
 });
 
-test('falls back to SSE when the socket cannot be opened, and stays there', async () => {
+test('falls back to SSE when the socket cannot be opened, and tries the socket again on the next connect', async () => {
   const f = fakeFetch();
   const { c, ws } = connected({ fetch: f.fetch, transport: 'auto' });
   const got = [];
@@ -319,9 +319,110 @@ test('falls back to SSE when the socket cannot be opened, and stays there', asyn
   await tick();
   c['clock'].advance(5000);
   await tick();
-  assert.equal(ws.sockets.length, 1, 'no new WebSocket once it proved blocked');
+  assert.equal(ws.sockets.length, 2, 'one failed socket does not make SSE permanent');
+  ws.sockets[1].fail();
+  await tick();
   assert.equal(f.calls.length, 2);
   assert.deepEqual(f.calls[1].url.searchParams.getAll('cursor'), ['c2']);
+});
+
+test('after 3 sockets in a row fail where SSE works, SSE only; a probe socket moves back when sockets work again', async () => {
+  const f = fakeFetch();
+  const { c, ws, clock } = connected({ fetch: f.fetch, transport: 'auto', backoff: { initial: 100, max: 100 } });
+  c.subscribe(T, { cursor: 'c1' }, {});
+  await tick();
+  for (let i = 0; i < 3; i++) {
+    assert.equal(ws.sockets.length, i + 1);
+    ws.sockets[i].fail();
+    await tick();
+    answer(f.calls[i], { status: 200 });
+    await tick();
+    await tick();
+    assert.equal(c.transport, 'sse');
+    f.calls[i].end(); // the stream drops
+    await tick();
+    await tick();
+    clock.advance(100);
+    await tick();
+  }
+  // Blocked: the reconnect goes straight to an event stream.
+  assert.equal(ws.sockets.length, 3);
+  assert.equal(f.calls.length, 4);
+  answer(f.calls[3], { status: 200 });
+  await tick();
+  await tick();
+  // Five minutes on the stream (its heartbeats keep it), then a probe socket.
+  for (let t = 0; t < 20; t++) {
+    f.calls[3].write(': heartbeat\n\n');
+    await tick();
+    clock.advance(15_000);
+  }
+  assert.equal(ws.sockets.length, 4, 'a probe socket after wsProbeInterval');
+  ws.sockets[3].open();
+  await tick();
+  assert.equal(ws.sockets[3].closedWith, 1000, 'the probe is closed');
+  assert.equal(ws.sockets.length, 5);
+  ws.sockets[4].open();
+  assert.equal(c.transport, 'websocket');
+  assert.deepEqual(ws.sockets[4].sent, [{ t: 'sub', topic: T, cursor: 'c1' }]);
+});
+
+test('a quiet event stream is kept open by its heartbeats', async () => {
+  const f = fakeFetch();
+  const { c, clock } = connected({ fetch: f.fetch, transport: 'sse' });
+  c.subscribe(T, {}, {});
+  await tick();
+  answer(f.calls[0], { status: 200 });
+  await tick();
+  await tick();
+  for (let t = 0; t < 10; t++) {
+    f.calls[0].write(': heartbeat\n\n');
+    await tick();
+    await tick();
+    clock.advance(15_000);
+    await tick();
+  }
+  assert.equal(f.calls.length, 1, 'the stream was reopened though the node sent its heartbeat every 15 s');
+  assert.equal(c.transport, 'sse');
+  clock.advance(45_000); // and silence still ends it
+  await tick();
+  await tick();
+  clock.advance(1_000);
+  await tick();
+  await tick();
+  assert.equal(f.calls.length, 2);
+});
+
+test('a socket that never opens is given up after the connect timeout', async () => {
+  const { c, ws, clock, states } = connected({ backoff: { initial: 100, max: 100 } });
+  c.subscribe(T, {}, {});
+  await tick();
+  assert.equal(ws.sockets.length, 1);
+  clock.advance(9_999);
+  await tick();
+  assert.equal(ws.sockets[0].closedWith, undefined);
+  clock.advance(1);
+  await tick();
+  assert.equal(ws.sockets[0].closedWith, 1000);
+  assert.equal(states.at(-1), 'waiting');
+  clock.advance(100);
+  await tick();
+  assert.equal(ws.sockets.length, 2);
+  ws.sockets[1].open();
+  assert.equal(c.state, 'open');
+  clock.advance(20_000); // an open socket is not timed out
+  assert.equal(ws.sockets[1].closedWith, undefined);
+});
+
+test('transport auto: a socket that hangs falls back to SSE after the connect timeout', async () => {
+  const f = fakeFetch();
+  const { c, ws, clock } = connected({ fetch: f.fetch, transport: 'auto' });
+  c.subscribe(T, {}, {});
+  await tick();
+  clock.advance(10_000);
+  await tick();
+  assert.equal(ws.sockets[0].closedWith, 1000);
+  assert.equal(f.calls.length, 1);
 });
 
 test('SSE refusals: 401 is terminal and says why', async () => {
@@ -357,4 +458,154 @@ test('localStorage adapter', () => {
   s.delete(T);
   assert.equal(s.get(T), undefined);
   assert.throws(() => new LocalStorageCursorStore(), /no localStorage/);
+});
+
+const subs = (s) => s.sent.filter((f) => f.t === 'sub');
+
+test('rate-limited: the topic is subscribed again after the node\'s retryAfter', async () => {
+  const { c, ws, clock, errors } = connected({ backoff: { initial: 100, max: 1000 } });
+  const ev = [];
+  c.subscribe(T, { snapshot: true }, { onError: (e) => ev.push(e.code) });
+  await tick();
+  const s = ws.sockets[0];
+  s.open();
+  s.frame({ t: 'error', code: 'rate-limited', topic: T, retryAfter: 7, message: 'too many snapshots from this client; the topic is not subscribed; subscribe again after 7 s' });
+  assert.deepEqual(ev, ['rate-limited']);
+  assert.match(errors[0].message, /rate-limited on public\.orders: .*subscribes again in 7 s/);
+  clock.advance(6_999);
+  assert.equal(subs(s).length, 1, 'not before the node said');
+  clock.advance(1);
+  assert.deepEqual(subs(s), [{ t: 'sub', topic: T, snapshot: true }, { t: 'sub', topic: T, snapshot: true }]);
+});
+
+test('rate-limited over SSE: the stream is reopened with the topic after retryAfter', async () => {
+  const f = fakeFetch();
+  const { c, clock } = connected({ transport: 'sse', fetch: f.fetch });
+  c.subscribe(T, { snapshot: true }, {});
+  await tick();
+  answer(f.calls[0], { status: 200 });
+  await tick();
+  await tick();
+  f.calls[0].write(`event: node-error\ndata: ${JSON.stringify({ t: 'error', code: 'rate-limited', topic: T, retryAfter: 3, message: 'subscribe again after 3 s' })}\n\n`);
+  await tick();
+  await tick();
+  clock.advance(2_999);
+  await tick();
+  assert.equal(f.calls.length, 1);
+  clock.advance(1);
+  await tick();
+  await tick();
+  assert.equal(f.calls.length, 2);
+  assert.deepEqual(f.calls[1].url.searchParams.getAll('snapshot'), [T]);
+});
+
+test('snapshot-failed: the snapshot is asked for again, with a growing delay', async () => {
+  const { c, ws, clock } = connected({ backoff: { initial: 1000, max: 60_000 } });
+  c.subscribe(T, { snapshot: true }, {});
+  await tick();
+  const s = ws.sockets[0];
+  s.open();
+  const failed = { t: 'error', code: 'snapshot-failed', topic: T, message: 'the table changed under the catalog; subscribe again in a few seconds' };
+  s.frame({ t: 'snapshot-begin', topic: T });
+  s.frame(failed);
+  assert.equal(clock.next(), 750); // [500, 1000] with random 0.5
+  clock.advance(750);
+  assert.equal(subs(s).length, 2);
+  assert.deepEqual(subs(s)[1], { t: 'sub', topic: T, snapshot: true });
+  s.frame(failed);
+  assert.equal(clock.next(), 1500);
+  clock.advance(1500);
+  assert.equal(subs(s).length, 3);
+  // A snapshot that ends resets the delay.
+  s.frame({ t: 'snapshot-begin', topic: T });
+  s.frame({ t: 'snapshot-end', topic: T, cursor: 's1' });
+  s.frame({ t: 'resync', topic: T, cursor: 'r1' });
+  s.frame(failed);
+  assert.equal(clock.next(), 750);
+});
+
+test('snapshot-unavailable: the topic is followed without a snapshot, and the error says so', async () => {
+  const store = new MemoryCursorStore();
+  store.set(T, 'c0');
+  const { c, ws, errors } = connected({ store });
+  c.subscribe(T, { snapshot: true }, {});
+  await tick();
+  const s = ws.sockets[0];
+  s.open();
+  assert.deepEqual(subs(s), [{ t: 'sub', topic: T, snapshot: true }]);
+  s.frame({ t: 'error', code: 'snapshot-unavailable', topic: T, message: 'this node serves no snapshots' });
+  assert.deepEqual(subs(s)[1], { t: 'sub', topic: T, cursor: 'c0' });
+  assert.equal(errors[0].code, 'snapshot-unavailable');
+  assert.match(errors[0].message, /without its current rows.*--database-url/);
+  // A reconnect does not ask for it again.
+  s.serverClose(1006);
+  c['clock'].advance(60_000);
+  await tick();
+  ws.sockets[1].open();
+  assert.deepEqual(subs(ws.sockets[1]), [{ t: 'sub', topic: T, cursor: 'c0' }]);
+});
+
+test('backoff grows while the node accepts and closes at once; it starts over after 10 s open', async () => {
+  const { c, ws, clock } = connected({ backoff: { initial: 1000, max: 30_000 } });
+  c.subscribe(T, {}, {});
+  await tick();
+  const delays = [];
+  for (let i = 0; i < 4; i++) {
+    const s = ws.sockets[i];
+    s.open();
+    s.frame({ t: 'subscribed', topic: T, cursor: 'c0' });
+    s.serverClose(i % 2 ? 4000 : 1013, 'try later');
+    delays.push(clock.next());
+    clock.advance(clock.next());
+    await tick();
+  }
+  assert.deepEqual(delays, [750, 1500, 3000, 6000]);
+  const s = ws.sockets[4];
+  s.open();
+  s.frame({ t: 'subscribed', topic: T, cursor: 'c0' });
+  clock.advance(10_000);
+  s.frame({ t: 'pong' });
+  s.serverClose(1006);
+  assert.equal(clock.next(), 750);
+});
+
+test('transport auto: sockets that fail while the node is unreachable do not count toward SSE only', async () => {
+  const f = fakeFetch();
+  const { c, ws, clock } = connected({ fetch: f.fetch, transport: 'auto', backoff: { initial: 100, max: 100 } });
+  c.subscribe(T, {}, {});
+  await tick();
+  for (let i = 0; i < 3; i++) {
+    ws.sockets[i].fail();
+    await tick();
+    answer(f.calls[i], { status: 503, text: 'overloaded', headers: { 'Retry-After': '1' } });
+    await tick();
+    await tick();
+    clock.advance(1000);
+    await tick();
+  }
+  // The node is back; something drops this one socket, the stream works.
+  ws.sockets[3].fail();
+  await tick();
+  answer(f.calls[3], { status: 200 });
+  await tick();
+  await tick();
+  f.calls[3].end();
+  await tick();
+  await tick();
+  clock.advance(100);
+  await tick();
+  assert.equal(ws.sockets.length, 5, 'a socket is tried again: one failed where the stream worked');
+});
+
+test('forbidden: the topic is left and the error says what to fix', async () => {
+  const { c, ws, errors, clock } = connected();
+  c.subscribe(T, {}, {});
+  await tick();
+  const s = ws.sockets[0];
+  s.open();
+  s.frame({ t: 'error', code: 'forbidden', topic: T, message: 'topic not in the token' });
+  assert.match(errors[0].message, /forbidden on public\.orders: topic not in the token; the client left the topic \(get a token whose topics claim grants it, then subscribe again\)/);
+  assert.equal(c.cursor(T), undefined);
+  clock.advance(600_000);
+  assert.equal(subs(s).length, 1);
 });

@@ -30,6 +30,11 @@ const waitPage = async (page, what, fn, arg) => {
   }
 };
 
+// sortRows orders rows by id and each row's columns by name, for comparing
+// two pages' tables.
+const sortRows = (rows) =>
+  [...rows].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0)).map((r) => Object.keys(r).sort().map((k) => [k, r[k]]));
+
 let out;
 try {
   const ctx = await browser.newContext();
@@ -77,6 +82,38 @@ try {
     };
   }, deadline);
   out.consoleRows = consoleRows;
+
+  // 4. live() over Server-Sent Events: the table's rows, and again after a
+  // reload that resumes with the cursor kept in localStorage (the stream
+  // must ask for the snapshot without it); a second live() of the topic
+  // gets the rows too.
+  const sse = await ctx.newPage();
+  sse.on('pageerror', (e) => console.error('page error:', e.message));
+  const want = JSON.stringify(sortRows(out.rows));
+  const sseRows = async (what) => {
+    try {
+      await sse.waitForFunction(() => window.ready[0] && window.ready[1], null, { timeout: deadline });
+    } catch (e) {
+      const st = await sse.evaluate(() => ({ state: window.client.state, transport: window.client.transport, ready: window.ready,
+        rows: [window.rows(0).length, window.rows(1).length], errors: window.errors }));
+      throw new Error(`live() over SSE, ${what}: ${e.message}; the page: ${JSON.stringify(st)}`);
+    }
+    const got = await sse.evaluate(() => ({ a: window.rows(0), b: window.rows(1), transport: window.client.transport, stored: window.stored, errors: window.errors }));
+    for (const [name, rows] of [['the first table', got.a], ['the second table', got.b]]) {
+      if (JSON.stringify(sortRows(rows)) !== want) {
+        throw new Error(`live() over SSE, ${what}: ${name} holds ${rows.length} rows, not the ${out.rows.length} of the WebSocket page`);
+      }
+    }
+    if (got.transport !== 'sse') throw new Error(`live() over SSE, ${what}: transport ${got.transport}`);
+    if (got.errors.length > 0) throw new Error(`live() over SSE, ${what}: the client reported ${JSON.stringify(got.errors)}`);
+    return got;
+  };
+  await sse.goto(`${base}/test/livesse.html?topic=${encodeURIComponent(topic)}`);
+  await sseRows('first load');
+  await sse.reload();
+  const reloaded = await sseRows('after a reload');
+  if (!reloaded.stored) throw new Error('live() over SSE: the reloaded page had no stored cursor, so the reload proved nothing');
+  out.sseRows = reloaded.a.length;
 } finally {
   await browser.close();
 }
