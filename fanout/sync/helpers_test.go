@@ -263,7 +263,9 @@ type inFrame struct {
 	Code    string          `json:"code"`
 	Message string          `json:"message"`
 	Change  json.RawMessage `json:"change"`
-	env     decoder.Envelope
+	// RetryAfter is set on a rate-limited error: whole seconds.
+	RetryAfter *int64 `json:"retryAfter"`
+	env        decoder.Envelope
 }
 
 func (e *syncEnv) dial(tok string, rcvBuf int) (*wsConn, *http.Response, error) {

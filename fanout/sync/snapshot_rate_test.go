@@ -2,6 +2,8 @@ package sync
 
 import (
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/walcast/walcast/internal/pgtest"
@@ -37,8 +39,9 @@ func TestSnapshotRateLimited(t *testing.T) {
 		ws.until("snapshot-end")
 	}
 	ws.send(snap)
-	if f := ws.until("error"); f.Code != "rate-limited" || f.Topic != "public.docs" {
-		t.Fatalf("the 4th snapshot: %+v, want rate-limited", f)
+	if f := ws.until("error"); f.Code != "rate-limited" || f.Topic != "public.docs" || f.RetryAfter == nil || *f.RetryAfter < 1 ||
+		!strings.Contains(f.Message, "after "+strconv.FormatInt(*f.RetryAfter, 10)+" s") {
+		t.Fatalf("the 4th snapshot: %+v, want rate-limited with a retryAfter in whole seconds that its message names", f)
 	}
 	// A plain subscription costs no snapshot.
 	ws.sub("public.docs", "")
