@@ -225,7 +225,7 @@ type Replicator struct {
 	skipRelations map[uint32]bool
 	// xids widens journaled xids to 64 bits (xid.go); set by session
 	// before the stream starts (session owns its refresh goroutine), read
-	// by that session's writer.
+	// by the journal writer of the same replication session.
 	xids *xidClock
 
 	mu    sync.Mutex // guards the following fields

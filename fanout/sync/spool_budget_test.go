@@ -207,7 +207,7 @@ func TestSnapshotRefusalsNameTheFix(t *testing.T) {
 	start := time.Now()
 	status, body = snapshot()
 	t.Logf("under a held ACCESS EXCLUSIVE lock, after %s: %d %s", time.Since(start).Round(time.Millisecond), status, strings.TrimSpace(body))
-	if status != http.StatusUnprocessableEntity || !strings.Contains(body, "locked by another session") {
+	if status != http.StatusUnprocessableEntity || !strings.Contains(body, "locked by another transaction") {
 		t.Errorf("a snapshot of a table locked throughout: %d %s; want 422 saying the table stayed locked", status, body)
 	}
 }

@@ -434,7 +434,7 @@ func (n *Node) fill(ctx context.Context, sp *spool, q journal.Query) {
 				break
 			}
 			if attempt == lockAttempts {
-				return refused("table %s stayed locked by another session (a migration or other DDL holding or waiting for an ACCESS EXCLUSIVE lock) through %d attempts of %s each; the snapshot was not read, so the application's DDL was not held up; subscribe again once the DDL is done", q.Entities[0], lockAttempts, lockTimeout)
+				return refused("table %s stayed locked by another transaction (a migration or other DDL holding or waiting for an ACCESS EXCLUSIVE lock) through %d attempts of %s each; the snapshot was not read, so the application's DDL was not held up; subscribe again once the DDL is done", q.Entities[0], lockAttempts, lockTimeout)
 			}
 			select {
 			case <-time.After(pause):
@@ -579,7 +579,7 @@ func (st *stateSource) classify(rctx, ctx context.Context, entity string, err er
 		case "57014", "25P03":
 			return refused("reading %s from the source took longer than the node's --snapshot-read-timeout (%s); the operator can raise --snapshot-read-timeout, or the client subscribe without a snapshot", entity, st.cfg.ReadTimeout)
 		case "55P03":
-			return refused("table %s is locked by another session (DDL); subscribe again once it is done", entity)
+			return refused("table %s is locked by another transaction (DDL); subscribe again once it is done", entity)
 		}
 	}
 	if ctx.Err() == nil && errors.Is(rctx.Err(), context.DeadlineExceeded) {
