@@ -117,6 +117,8 @@ type costResult struct {
 	journalWAL                            int64 // journal server, when another
 	journalPG                             time.Duration
 	walRecords                            []walRow // breakdown of the catch-up's WAL on the journal's server
+	workloadRecords                       []walRow // and of the workload's
+	workloadRecordsTotal                  int64
 	walRecordsTotal, walRangeBytes, batch int64
 	roles                                 map[string]time.Duration // source cluster CPU by process role during the catch-up
 }
@@ -176,6 +178,10 @@ func measureCost(b *testing.B, src, other *pgtest.Cluster, r *costResult, perTxn
 	end := currentLSN(b, url)
 	r.workloadWAL = int64(end - w0)
 	pgtest.MustQueryRow(b, url, `SELECT avg(pg_column_size(t.*))::float8 FROM bench t`, nil, &r.tupleBytes)
+	if breakdown {
+		execSQL(b, url, `CREATE EXTENSION IF NOT EXISTS pg_walinspect`)
+		r.workloadRecords, r.workloadRecordsTotal = walBreakdown(b, url, w0, end)
+	}
 
 	// pg_recvlogical drains its slot up to the same end position.
 	execSQL(b, url, "CHECKPOINT")
@@ -359,28 +365,36 @@ func printCost(w *bytes.Buffer, rs []*costResult) {
 		if !r.done || r.walRecords == nil {
 			continue
 		}
-		fmt.Fprintf(w, "\nWAL of the catch-up on the journal's server, journal=%s %s: %d changes, %d bytes of WAL (%.1f per change; records %d bytes, the rest is page headers and alignment), workload WAL %d bytes (%.1f per change)\n\n",
-			r.placement, r.workload, r.rows, r.walRangeBytes, float64(r.walRangeBytes)/float64(r.rows), r.walRecordsTotal,
-			r.workloadWAL, float64(r.workloadWAL)/float64(r.rows))
-		fmt.Fprintln(w, "| resource manager | record | relation | records | record bytes | FPI bytes | bytes/change | share |")
-		fmt.Fprintln(w, "|---|---|---|---:|---:|---:|---:|---:|")
-		var rest walRow
-		for _, x := range r.walRecords {
-			t := x.rec + x.fpi
-			if float64(t) < 0.002*float64(r.walRecordsTotal) {
-				rest.count += x.count
-				rest.rec += x.rec
-				rest.fpi += x.fpi
-				continue
-			}
-			fmt.Fprintf(w, "| %s | %s | %s | %d | %d | %d | %.1f | %.1f%% |\n", x.rmgr, x.record, x.rel, x.count, x.rec, x.fpi,
-				float64(t)/float64(r.rows), 100*float64(t)/float64(r.walRecordsTotal))
+		fmt.Fprintf(w, "\nWAL of the workload, journal=%s %s: %d changes, %d bytes of WAL (%.1f per change; records %d bytes, the rest is page headers and alignment)\n\n",
+			r.placement, r.workload, r.rows, r.workloadWAL, float64(r.workloadWAL)/float64(r.rows), r.workloadRecordsTotal)
+		printWalRows(w, r.workloadRecords, r.workloadRecordsTotal, r.rows)
+		fmt.Fprintf(w, "\nWAL of the catch-up on the journal's server, journal=%s %s: %d changes, %d bytes of WAL (%.1f per change; records %d bytes, the rest is page headers and alignment)\n\n",
+			r.placement, r.workload, r.rows, r.walRangeBytes, float64(r.walRangeBytes)/float64(r.rows), r.walRecordsTotal)
+		printWalRows(w, r.walRecords, r.walRecordsTotal, r.rows)
+	}
+}
+
+// printWalRows prints a WAL breakdown as a Markdown table; lines under
+// 0.01% of the total are summed in one.
+func printWalRows(w *bytes.Buffer, rows []walRow, total int64, changes int) {
+	fmt.Fprintln(w, "| resource manager | record | relation | records | record bytes | FPI bytes | bytes/change | share |")
+	fmt.Fprintln(w, "|---|---|---|---:|---:|---:|---:|---:|")
+	var rest walRow
+	for _, x := range rows {
+		t := x.rec + x.fpi
+		if float64(t) < 0.0001*float64(total) {
+			rest.count += x.count
+			rest.rec += x.rec
+			rest.fpi += x.fpi
+			continue
 		}
-		if rest.count > 0 {
-			t := rest.rec + rest.fpi
-			fmt.Fprintf(w, "| (each under 0.2%%) | | | %d | %d | %d | %.1f | %.1f%% |\n", rest.count, rest.rec, rest.fpi,
-				float64(t)/float64(r.rows), 100*float64(t)/float64(r.walRecordsTotal))
-		}
+		fmt.Fprintf(w, "| %s | %s | %s | %d | %d | %d | %.2f | %.2f%% |\n", x.rmgr, x.record, x.rel, x.count, x.rec, x.fpi,
+			float64(t)/float64(changes), 100*float64(t)/float64(total))
+	}
+	if rest.count > 0 {
+		t := rest.rec + rest.fpi
+		fmt.Fprintf(w, "| (each under 0.01%%) | | | %d | %d | %d | %.2f | %.2f%% |\n", rest.count, rest.rec, rest.fpi,
+			float64(t)/float64(changes), 100*float64(t)/float64(total))
 	}
 }
 
