@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -201,7 +202,9 @@ func measureCost(b *testing.B, src, other *pgtest.Cluster, r *costResult, perTxn
 	}
 	r.recvWall = time.Since(start)
 	r.recvCPU = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
-	r.recvSender = sender.stop()
+	// Its walsender exits with it; once reaped, its time is in the
+	// postmaster's.
+	r.recvSender = sender.stopAfterExit(5 * time.Second)
 	r.recvPG = clusterCPU(b, src) - pg0
 	r.recvWAL = int64(currentLSN(b, url) - l0)
 
@@ -443,26 +446,12 @@ func statTicks(pid int, children bool) (ticks int64, ppid int, ok bool) {
 // (reaped by the postmaster, so in its cutime and cstime).
 func clusterCPU(b *testing.B, c *pgtest.Cluster) time.Duration {
 	b.Helper()
-	pidFile, err := os.ReadFile(filepath.Join(c.DataDir(), "postmaster.pid"))
-	if err != nil {
-		b.Fatal(err)
+	var total time.Duration
+	snap, reaped := snapCluster(b, c, "")
+	for _, t := range snap {
+		total += time.Duration(t.ticks) * clockTick
 	}
-	pm, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(pidFile), "\n", 2)[0]))
-	if err != nil {
-		b.Fatalf("postmaster.pid: %v", err)
-	}
-	total, _, _ := statTicks(pm, true)
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if t, ppid, ok := statTicks(pid, false); ok && ppid == pm {
-			total += t
-		}
-	}
-	return time.Duration(total) * clockTick
+	return total + time.Duration(reaped)*clockTick
 }
 
 // selfCPU is this process's user and system CPU time so far.
@@ -478,6 +467,7 @@ func selfCPU() time.Duration {
 // the walsender starts after the client connects and exits with it, so
 // its /proc entry is sampled until stop (or its exit).
 type senderWatch struct {
+	once  sync.Once
 	ticks atomic.Int64
 	quit  chan struct{}
 	done  chan struct{}
@@ -529,7 +519,7 @@ func watchSender(url, slot string) *senderWatch {
 
 // stop ends the watch and returns the walsender's CPU time as last seen.
 func (w *senderWatch) stop() time.Duration {
-	close(w.quit)
+	w.once.Do(func() { close(w.quit) })
 	<-w.done
 	return time.Duration(w.ticks.Load()) * clockTick
 }
@@ -553,25 +543,36 @@ func snapCluster(b *testing.B, c *pgtest.Cluster, journalDB string) (procSnap, i
 	if err != nil {
 		b.Fatal(err)
 	}
-	pm, _ := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(pidFile), "\n", 2)[0]))
-	reaped, _, _ := statTicks(pm, true)
-	own, _, _ := statTicks(pm, false)
-	snap := procSnap{}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		t, ppid, ok := statTicks(pid, false)
-		if !ok || ppid != pm {
-			continue
-		}
-		cmdline, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		snap[pid] = procTick{t, processRole(string(bytes.TrimRight(cmdline, "\x00")), journalDB)}
+	pm, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(pidFile), "\n", 2)[0]))
+	if err != nil {
+		b.Fatalf("postmaster.pid: %v", err)
 	}
-	snap[pm] = procTick{own, "postmaster"}
-	return snap, reaped - own
+	// A child reaped between reading the postmaster's reaped-children
+	// time and reading the child would be counted twice or not at all:
+	// read again until the postmaster's figure holds still around the
+	// scan of its children.
+	for attempt := 0; ; attempt++ {
+		before, _, _ := statTicks(pm, true)
+		own, _, _ := statTicks(pm, false)
+		snap := procSnap{pm: {own, "postmaster"}}
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			t, ppid, ok := statTicks(pid, false)
+			if !ok || ppid != pm {
+				continue
+			}
+			cmdline, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+			snap[pid] = procTick{t, processRole(string(bytes.TrimRight(cmdline, "\x00")), journalDB)}
+		}
+		after, _, _ := statTicks(pm, true)
+		if after == before || attempt == 10 {
+			return snap, before - own
+		}
+	}
 }
 
 // processRole names a postgres process by its title ("postgres:
@@ -610,4 +611,14 @@ func roleDelta(s0, s1 procSnap, reaped0, reaped1 int64) map[string]time.Duration
 		m["exited"] += time.Duration(d) * clockTick
 	}
 	return m
+}
+
+// stopAfterExit waits up to d for the walsender to exit and be reaped,
+// then stops the watch as stop does.
+func (w *senderWatch) stopAfterExit(d time.Duration) time.Duration {
+	select {
+	case <-w.done:
+	case <-time.After(d):
+	}
+	return w.stop()
 }
