@@ -109,19 +109,26 @@ type costResult struct {
 
 	// pg_recvlogical's drain: wall time, its own CPU, the source
 	// cluster's CPU, its walsender's CPU, the source WAL meanwhile.
-	recvWall                              time.Duration
-	recvCPU, recvPG, recvSender           time.Duration
-	recvWAL                               int64
-	walcastWall                           time.Duration
-	walcastCPU, walcastPG, walcastSender  time.Duration
-	walcastWAL                            int64 // source server
-	journalWAL                            int64 // journal server, when another
-	journalPG                             time.Duration
-	walRecords                            []walRow // breakdown of the catch-up's WAL on the journal's server
-	workloadRecords                       []walRow // and of the workload's
-	workloadRecordsTotal                  int64
-	walRecordsTotal, walRangeBytes, batch int64
-	roles                                 map[string]time.Duration // source cluster CPU by process role during the catch-up
+	recvWall                    time.Duration
+	recvCPU, recvPG, recvSender time.Duration
+	recvWAL                     int64
+
+	// walcast's catch-up: the same, and the journal server's WAL and CPU
+	// when it is another server; batch is the number of appends.
+	walcastWall                          time.Duration
+	walcastCPU, walcastPG, walcastSender time.Duration
+	walcastWAL                           int64
+	journalWAL                           int64
+	journalPG                            time.Duration
+	batch                                int64
+	roles                                map[string]time.Duration // source cluster CPU by process role
+
+	// With pg_walinspect: the catch-up's WAL on the journal's server and
+	// the workload's, by record kind and relation, with their summed
+	// record lengths; walRangeBytes is the catch-up's LSN range there.
+	walRecords, workloadRecords           []walRow
+	walRecordsTotal, workloadRecordsTotal int64
+	walRangeBytes                         int64
 }
 
 type walRow struct {
