@@ -3,7 +3,7 @@ BIN       := bin/walcast
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 
-.PHONY: build test js-test console js-pack bench bench-e2e bench-latency demo lint clean
+.PHONY: build test js-test console js-pack bench bench-e2e bench-cost bench-latency demo lint clean
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/walcast
@@ -49,7 +49,19 @@ bench:
 # End-to-end catch-up of `walcast run` next to pg_recvlogical on the same WAL
 # (a durable private PostgreSQL; 1M + 200k rows; about a minute).
 bench-e2e:
-	$(GO) test ./replication -run '^$$' -bench E2E -benchtime 1x -timeout 30m
+	$(GO) test ./replication -run '^$$' -bench E2E -skip E2ECost -benchtime 1x -timeout 30m
+
+# What `walcast run` costs the source server while it catches up, for the
+# journal in the source database, another database of the same server and
+# another server, next to pg_recvlogical on the same WAL: rates, CPU per
+# change (walcast, PostgreSQL, the walsender), WAL written per workload
+# WAL byte, and the catch-up's WAL by record type and relation
+# (pg_walinspect). 1M rows in 1,000-row transactions and 200k single-row
+# transactions (WALCAST_BENCH_ROWS, WALCAST_BENCH_SINGLE_ROWS,
+# WALCAST_BENCH_PLACEMENTS; see replication/cost_bench_test.go). About
+# fifteen minutes; docs/performance.md holds a run.
+bench-cost:
+	$(GO) test ./replication -run '^$$' -bench E2ECost -benchtime 1x -timeout 90m
 
 # Commit→NATS and commit→socket latency of the whole pipeline under a steady
 # load: pgbench commits single-row transactions into a durable private
