@@ -46,16 +46,7 @@ func TestSyncCatchUpPagesBoundedByBytes(t *testing.T) {
 func TestSyncCatchUpReadCanceledWhenClientLeaves(t *testing.T) {
 	e := newSyncEnv(t)
 	es := e.commit(ins(orders, 1))
-	started, canceled := make(chan struct{}, 1), make(chan struct{})
-	hook := func(ctx context.Context) {
-		select {
-		case started <- struct{}{}:
-		default:
-		}
-		<-ctx.Done()
-		close(canceled)
-	}
-	e.node.reads.testHook.Store(&hook)
+	started, canceled := blockReads(e)
 	cur, _ := e.j.CursorAt(journal.Query{Entities: []string{orders}}, 0, es[0].Seq-1)
 	c := e.mustDial(token(t, []string{orders}, "", time.Hour))
 	c.sub(orders, cur)
@@ -80,4 +71,21 @@ func TestSyncCatchUpReadCanceledWhenClientLeaves(t *testing.T) {
 	if f := c2.expect("change"); f.env.Seq != es[0].Seq {
 		t.Fatalf("got %d", f.env.Seq)
 	}
+}
+
+// blockReads makes the node's next journal read wait for its context:
+// started receives when it begins, canceled is closed when the context ends
+// it (one read: a second would close canceled again).
+func blockReads(e *syncEnv) (started, canceled chan struct{}) {
+	started, canceled = make(chan struct{}, 1), make(chan struct{})
+	hook := func(ctx context.Context) {
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+		<-ctx.Done()
+		close(canceled)
+	}
+	e.node.reads.testHook.Store(&hook)
+	return started, canceled
 }

@@ -79,16 +79,7 @@ func TestCatchUpChargedToClient(t *testing.T) {
 func TestCatchUpCancelledOnUnsub(t *testing.T) {
 	e := newSyncEnv(t)
 	es := e.commit(ins(orders, 1))
-	started, canceled := make(chan struct{}, 1), make(chan struct{})
-	hook := func(ctx context.Context) {
-		select {
-		case started <- struct{}{}:
-		default:
-		}
-		<-ctx.Done()
-		close(canceled)
-	}
-	e.node.reads.testHook.Store(&hook)
+	started, canceled := blockReads(e)
 	cur, _ := e.j.CursorAt(journal.Query{Entities: []string{orders}}, e.node.epoch.Load(), es[0].Seq-1)
 	c := e.mustDial(token(t, []string{orders}, "", time.Hour))
 	c.sub(orders, cur)
@@ -190,26 +181,45 @@ func TestSnapshotRefusalsNameTheFix(t *testing.T) {
 	}
 	waitFor(t, "the spool to be empty", func() bool { return env.node.Stats().SpoolBytes == 0 })
 
-	ctx := context.Background()
-	lock, err := pgx.Connect(ctx, env.src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close(ctx)
-	tx, err := lock.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `LOCK TABLE docs IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	lockTables(t, env, "docs")
 	start := time.Now()
 	status, body = snapshot()
 	t.Logf("under a held ACCESS EXCLUSIVE lock, after %s: %d %s", time.Since(start).Round(time.Millisecond), status, strings.TrimSpace(body))
 	if status != http.StatusUnprocessableEntity || !strings.Contains(body, "locked by another transaction") {
 		t.Errorf("a snapshot of a table locked throughout: %d %s; want 422 saying the table stayed locked", status, body)
 	}
+}
+
+// lockTables takes an ACCESS EXCLUSIVE lock on tables of env's source in a
+// transaction of its own, held until the returned release (or the test's
+// end) rolls it back.
+func lockTables(t *testing.T, env *stateEnv, tables string) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, env.src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+tables+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	done := false
+	release = func() {
+		if done {
+			return
+		}
+		done = true
+		if err := tx.Rollback(ctx); err != nil {
+			t.Error(err)
+		}
+		_ = conn.Close(ctx)
+	}
+	t.Cleanup(release)
+	return release
 }
 
 func lastLine(s string) string {

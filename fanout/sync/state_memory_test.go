@@ -136,19 +136,7 @@ func TestStateSlowReaderMemory(t *testing.T) {
 func TestStateQueuedBeyondMaxConcurrent(t *testing.T) {
 	env := newStateEnvWith(t, func(_ *replication.Config, c *Config) { c.State.MaxConcurrent = 2 })
 	pgtest.MustExec(t, env.src, `INSERT INTO docs SELECT g, (ARRAY['a','b',NULL])[g % 3 + 1], 'v' FROM generate_series(1, 2000) g`)
-	ctx := context.Background()
-	lock, err := pgx.Connect(ctx, env.src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close(ctx)
-	tx, err := lock.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, `LOCK TABLE docs, beat IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	unlock := lockTables(t, env, "docs, beat")
 	var peak atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -185,9 +173,7 @@ func TestStateQueuedBeyondMaxConcurrent(t *testing.T) {
 		s := env.node.Stats()
 		return s.SnapshotsRunning == 2 && s.SnapshotsQueued >= 2
 	})
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	unlock()
 	for _, s := range subs {
 		follow(t, env, s.sc, s.c)
 		if len(s.c.errs) > 0 {

@@ -1,14 +1,11 @@
 package sync
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http/httptest"
 	"strings"
 	"testing"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/walcast/walcast/internal/pgtest"
 	"github.com/walcast/walcast/internal/telemetry"
@@ -61,19 +58,7 @@ func TestStateMetrics(t *testing.T) {
 	a.expect("error")
 
 	// A lock on the table holds snapshots at their first read.
-	ctx := context.Background()
-	lock, err := pgx.Connect(ctx, env.src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close(ctx)
-	tx, err := lock.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, `LOCK TABLE docs IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
+	unlock := lockTables(t, env, "docs")
 	b := env.mustDial(stateToken(t, "a", true))
 	b.send(map[string]any{"t": "sub", "topic": "public.docs", "snapshot": true})
 	waitFor(t, "one snapshot reading", func() bool { return len(snapshotBackends(t, env)) == 1 })
@@ -105,9 +90,7 @@ func TestStateMetrics(t *testing.T) {
 	waitFor(t, "no snapshot running", func() bool {
 		return env.node.Stats().SnapshotsRunning == 0 && len(snapshotBackends(t, env)) == 0
 	})
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	unlock()
 	// Done.
 	d := dialState(env, stateToken(t, "a", true))
 	d.ws.send(map[string]any{"t": "sub", "topic": "public.docs", "snapshot": true})
