@@ -532,7 +532,7 @@ func TestKilledBackendMidAppendLeavesNothing(t *testing.T) {
 			}
 			var n int
 			if qerr := admin.queryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-				WHERE datname = current_database() AND state = 'active' AND query LIKE '%COPY%entries%'
+				WHERE datname = current_database() AND state = 'active' AND query LIKE '%COPY%chunks%'
 				AND pid <> pg_backend_pid()`, nil, &n); qerr != nil {
 				t.Fatal(qerr)
 			}

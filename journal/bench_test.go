@@ -62,14 +62,14 @@ func BenchmarkAppend(b *testing.B) {
 			}
 			defer j.pool.release(conn)
 			for _, s := range []string{
-				"CREATE TABLE bare (LIKE " + j.sql.entries + ")",
-				"CREATE TABLE indexed (LIKE " + j.sql.entries + " INCLUDING ALL)",
+				"CREATE TABLE bare (LIKE " + j.sql.chunks + ")",
+				"CREATE TABLE indexed (LIKE " + j.sql.chunks + " INCLUDING ALL)",
 			} {
 				if _, err := conn.Exec(ctx, s); err != nil {
 					b.Fatal(err)
 				}
 			}
-			cols := " (" + strings.Join(entryColumns, ", ") + ") FROM STDIN (FORMAT binary)"
+			cols := " (" + strings.Join(chunkColumns, ", ") + ") FROM STDIN (FORMAT binary)"
 			bareCopy, indexedCopy := "COPY bare"+cols, "COPY indexed"+cols
 			var lsn decoder.LSN
 			var seq int64 = 1

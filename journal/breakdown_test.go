@@ -45,13 +45,13 @@ func appendBreakdown(b *testing.B, n int) {
 	}
 	defer j.pool.release(conn)
 	for _, s := range []string{
-		"CREATE TABLE bare (LIKE " + j.sql.entries + ")",
-		"CREATE TABLE pkey (LIKE " + j.sql.entries + " INCLUDING ALL)",
-		"CREATE TABLE txn (LIKE " + j.sql.entries + " INCLUDING ALL)",
-		"CREATE TABLE lck (LIKE " + j.sql.entries + " INCLUDING ALL)",
-		"CREATE TABLE meta2 (LIKE " + j.sql.entries + " INCLUDING ALL)",
-		"CREATE TABLE seqs (LIKE " + j.sql.entries + " INCLUDING ALL)",
-		"CREATE TABLE notif (LIKE " + j.sql.entries + " INCLUDING ALL)",
+		"CREATE TABLE bare (LIKE " + j.sql.chunks + ")",
+		"CREATE TABLE pkey (LIKE " + j.sql.chunks + " INCLUDING ALL)",
+		"CREATE TABLE txn (LIKE " + j.sql.chunks + " INCLUDING ALL)",
+		"CREATE TABLE lck (LIKE " + j.sql.chunks + " INCLUDING ALL)",
+		"CREATE TABLE meta2 (LIKE " + j.sql.chunks + " INCLUDING ALL)",
+		"CREATE TABLE seqs (LIKE " + j.sql.chunks + " INCLUDING ALL)",
+		"CREATE TABLE notif (LIKE " + j.sql.chunks + " INCLUDING ALL)",
 		"CREATE TABLE eseqs (LIKE " + j.sql.entitySeqs + " INCLUDING ALL)",
 		"INSERT INTO eseqs SELECT 'public.bench_' || i, 0, false FROM generate_series(0, 9) i",
 	} {
@@ -59,7 +59,7 @@ func appendBreakdown(b *testing.B, n int) {
 			b.Fatal(err)
 		}
 	}
-	cols := " (" + strings.Join(entryColumns, ", ") + ") FROM STDIN (FORMAT binary)"
+	cols := " (" + strings.Join(chunkColumns, ", ") + ") FROM STDIN (FORMAT binary)"
 	lock := "SELECT 1 FROM " + j.sql.meta + " FOR UPDATE; "
 	eseqs := func(next int64) string {
 		var v []string

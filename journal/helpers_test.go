@@ -195,3 +195,15 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// unchunkSQL turns a journal's chunks back into the entries table of
+// migrations 1 to 8 (one row per entry, its primary key and key hash
+// index), as a journal written before migration 9 has it, and forgets
+// migration 9: the next Open migrates it again.
+const unchunkSQL = `CREATE TABLE walcast.entries_v8 AS SELECT * FROM walcast.entries;
+DROP VIEW walcast.entries;
+DROP TABLE walcast.chunks;
+ALTER TABLE walcast.entries_v8 RENAME TO entries;
+ALTER TABLE walcast.entries ADD PRIMARY KEY (seq);
+CREATE INDEX entries_key_hash ON walcast.entries (key_hash, seq) WHERE key_hash IS NOT NULL;
+DELETE FROM walcast.migrations WHERE version >= 9`

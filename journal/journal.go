@@ -246,8 +246,7 @@ func (j *Journal) Schema() string { return j.schema }
 
 // statements holds the SQL with the schema's quoted name spliced in.
 type statements struct {
-	meta, retention, entitySeqs, entries, published, migrations, epochs, snapshots, publicationTables, catalog string
-	entriesIdent                                                                                               pgx.Identifier
+	meta, retention, entitySeqs, entries, chunks, published, migrations, epochs, snapshots, publicationTables, catalog string
 }
 
 func newStatements(schema string) statements {
@@ -257,13 +256,13 @@ func newStatements(schema string) statements {
 		retention:         q("retention"),
 		entitySeqs:        q("entity_seqs"),
 		entries:           q("entries"),
+		chunks:            q("chunks"),
 		published:         q("published"),
 		migrations:        q("migrations"),
 		epochs:            q("epochs"),
 		snapshots:         q("snapshots"),
 		publicationTables: q("publication_tables"),
 		catalog:           q("catalog"),
-		entriesIdent:      pgx.Identifier{schema, "entries"},
 	}
 }
 
@@ -403,6 +402,7 @@ COMMENT ON TABLE %[1]s.catalog IS 'walcast catalog: per published table, what re
 ALTER TABLE %[1]s.entries ADD COLUMN xid8 bigint;
 COMMENT ON COLUMN %[1]s.entries.xid8 IS 'the source transaction''s full 64-bit id (xid8; xid holds the 32 bits pgoutput and the envelope carry); 0 for an entry of no transaction (xid 0); NULL when unknown (entries journaled before this column existed): sync nodes compare them by xid alone, as before';
 `,
+	9: migrationChunks,
 }
 
 // advisoryClass is the first key of the migration advisory lock ("walc").

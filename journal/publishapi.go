@@ -78,7 +78,7 @@ func (j *Journal) ReadAfterBytes(ctx context.Context, after int64, limit, maxByt
 		LEFT JOIN LATERAL (
 			SELECT * FROM (
 				SELECT e.*, sum(e.size) OVER (ORDER BY e.seq) - e.size AS before_bytes
-				FROM (SELECT * FROM `+j.sql.entries+` e WHERE e.seq > $1 AND e.seq <= b.horizon ORDER BY e.seq LIMIT $2) e
+				FROM `+j.entriesIn("$1::bigint", "least(b.horizon, $1::bigint + $2::bigint)", readColumns...)+` e
 			) e WHERE e.before_bytes < $3
 		) e ON true
 		ORDER BY e.seq`, after, limit, maxBytes)

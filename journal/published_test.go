@@ -58,6 +58,7 @@ func TestPublishedStreamMigration(t *testing.T) {
 	for _, s := range []string{
 		`ALTER TABLE walcast.published DROP COLUMN epoch, DROP COLUMN stream, DROP COLUMN stream_seq`,
 		`DROP TABLE walcast.catalog`,
+		unchunkSQL,
 		`ALTER TABLE walcast.entries DROP COLUMN xid8`,
 		`DELETE FROM walcast.migrations WHERE version >= 6`,
 		`UPDATE walcast.published SET seq = 42`,

@@ -296,10 +296,10 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, epoch
 			SELECT e.*, sum(e.size) OVER w - e.size AS before_bytes,
 				sum(e.size) OVER w - e.size - coalesce(lag(e.size) OVER w, 0) AS prev_before
 			FROM (
-				SELECT * FROM ` + j.sql.entries + ` e
-				WHERE e.seq > b.start AND b.start >= b.floor - 1 AND b.start >= b.resync_seq AND b.start <= b.horizon
+				SELECT * FROM ` + j.entriesIn("b.start", "b.start + $4::bigint", readColumnsXid8...) + ` e
+				WHERE b.start >= b.floor - 1 AND b.start >= b.resync_seq AND b.start <= b.horizon
 					AND ($1::bigint IS NULL OR $6::bigint = b.epoch)
-				ORDER BY e.seq LIMIT $4
+				ORDER BY e.seq
 			) e
 			WHERE true` + filter.String() + `
 			WINDOW w AS (ORDER BY e.seq)

@@ -85,8 +85,8 @@ func (j *Journal) pruneBatch(ctx context.Context, r Retention) (n, bytes, floor 
 		// Walk the oldest entries (never the newest) and decide how far to cut.
 		// seq is contiguous: the batch is exactly [floor, floor+BatchSize).
 		upto := min(floor+int64(r.BatchSize)-1, horizon-1)
-		q, err := tx.Query(ctx, "SELECT seq, size, commit_time FROM "+j.sql.entries+
-			" WHERE seq >= $1 AND seq <= $2 ORDER BY seq", floor, upto)
+		q, err := tx.Query(ctx, "SELECT seq, size, commit_time FROM "+j.entriesIn("$1::bigint - 1", "$2::bigint", "size", "commit_time")+
+			" e ORDER BY seq", floor, upto)
 		if err != nil {
 			return err
 		}
@@ -119,7 +119,10 @@ func (j *Journal) pruneBatch(ctx context.Context, r Retention) (n, bytes, floor 
 		if last < floor {
 			return errStop
 		}
-		if _, err := tx.Exec(ctx, "DELETE FROM "+j.sql.entries+" WHERE seq >= $1 AND seq <= $2", floor, last); err != nil {
+		// Chunks wholly below the new floor go; a chunk the floor cuts
+		// stays until a later pass passes its end (reads never go below
+		// the floor).
+		if _, err := tx.Exec(ctx, "DELETE FROM "+j.sql.chunks+" WHERE last_seq <= $1", last); err != nil {
 			return err
 		}
 		n = last - floor + 1

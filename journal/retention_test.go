@@ -147,7 +147,7 @@ func TestPruneDoesNotBlockAppends(t *testing.T) {
 	if _, err := tx.Exec(ctx, "SELECT floor FROM "+j.sql.retention+" FOR UPDATE"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, "DELETE FROM "+j.sql.entries+" WHERE seq <= 5"); err != nil {
+	if _, err := tx.Exec(ctx, "DELETE FROM "+j.sql.chunks+" WHERE first_seq <= 5"); err != nil {
 		t.Fatal(err)
 	}
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -88,7 +88,8 @@ func (j *Journal) EntryAt(ctx context.Context, seq int64) (Entry, error) {
 		x8        *int64
 	)
 	err := j.queryRow(ctx, `SELECT seq, entity, entity_seq, tenant, tenant_unknown, op, lsn, commit_lsn, commit_time, envelope, xid8
-		FROM `+j.sql.entries+` WHERE seq = $1`, []any{seq},
+		FROM `+j.entriesIn("$1::bigint - 1", "$1::bigint", "entity", "entity_seq", "tenant", "tenant_unknown", "op", "lsn", "commit_lsn", "commit_time", "envelope", "xid8")+` e
+		WHERE e.seq >= (SELECT floor FROM `+j.sql.retention+`)`, []any{seq},
 		&e.Seq, &e.Entity, &e.EntitySeq, &tenant, &e.TenantUnknown, &opv, &lsn, &clsn, &e.CommitTime, &envelope, &x8)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Entry{}, opErr(op, ErrNoEntry, "")

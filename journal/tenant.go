@@ -95,9 +95,11 @@ func (j *Journal) lookupTenants(ctx context.Context, tx querier, txs []*decoder.
 	}
 	// Rows name their key by its ordinal: the keys are not sent back.
 	rows, err := tx.Query(ctx, `SELECT u.i, l.tenant FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS u(entity, key, h, i)
-		JOIN LATERAL (SELECT e.tenant FROM `+j.sql.entries+` e
-			WHERE e.key_hash = u.h AND e.entity = u.entity AND e.key = u.key AND NOT e.tenant_unknown
-			ORDER BY e.seq DESC LIMIT 1) l ON true`, ents, keys, hashes)
+		JOIN LATERAL (SELECT e.tenant FROM `+j.sql.chunks+` c
+			CROSS JOIN LATERAL unnest(c.key_hash, c.entity, c.key, c.tenant, c.tenant_unknown) WITH ORDINALITY AS e(key_hash, entity, key, tenant, tenant_unknown, i)
+			WHERE c.key_hash @> ARRAY[u.h] AND e.key_hash = u.h AND e.entity = u.entity AND e.key = u.key AND NOT e.tenant_unknown
+				AND c.first_seq + e.i - 1 >= (SELECT floor FROM `+j.sql.retention+`)
+			ORDER BY c.last_seq DESC, e.i DESC LIMIT 1) l ON true`, ents, keys, hashes)
 	if err != nil {
 		return nil, err
 	}

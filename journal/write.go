@@ -46,10 +46,6 @@ type appendOpts struct {
 // quarantines it rather than retrying forever.
 var ErrUnencodable = errors.New("change cannot be journaled as-is")
 
-// entryColumns is the COPY column order; copySource.encode follows it.
-var entryColumns = []string{"seq", "entity", "entity_seq", "tenant", "tenant_unknown", "op",
-	"key_hash", "key", "lsn", "commit_lsn", "xid", "commit_time", "size", "envelope", "xid8"}
-
 // entityState is the journal's per-entity bookkeeping (table entity_seqs).
 type entityState struct {
 	seq      int64 // last entitySeq assigned
@@ -232,7 +228,7 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 	if src.err != nil {
 		return res, src.err
 	}
-	copySQL := "COPY " + j.sql.entries + " (" + strings.Join(entryColumns, ", ") + ") FROM STDIN (FORMAT binary)"
+	copySQL := "COPY " + j.sql.chunks + " (" + strings.Join(chunkColumns, ", ") + ") FROM STDIN (FORMAT binary)"
 	if optimistic {
 		// Lock the meta row and check it is what the cache says before any
 		// row is written; on a mismatch the division fails and the rest of
@@ -422,7 +418,8 @@ type copySource struct {
 	// of the encoding.
 	keep *recentBatch
 
-	buf       []byte // encoded, not yet read
+	chunk     *chunkBuilder // entries not yet encoded as a chunk row
+	buf       []byte        // encoded, not yet read
 	off       int
 	started   bool
 	finished  bool
@@ -501,6 +498,9 @@ func (s *copySource) encodeUntil(limit int) {
 	for len(s.buf) < limit && !s.finished {
 		if s.it == nil {
 			if s.ti >= len(s.txs) {
+				if s.chunk != nil {
+					s.buf = s.chunk.row(s.buf)
+				}
 				s.buf = binary.BigEndian.AppendUint16(s.buf, 0xffff) // trailer
 				s.finished = true
 				return
@@ -713,44 +713,56 @@ var (
 	opKey     = []byte(`,"op":"`)
 )
 
-// row appends one entry row with envelope e.
+// row adds one entry with envelope e to the current chunk, first encoding
+// the chunk as a COPY row if it is full.
 func (s *copySource) row(c *decoder.Change, seq int64, st entityState, op decoder.Op, key, tenant []byte, hasTenant, unknown bool, e []byte) {
 	t := s.cur
 	s.bytes += int64(len(e))
-	b := binary.BigEndian.AppendUint16(s.buf, uint16(len(entryColumns)))
-	b = appendInt8(b, seq)
-	b = appendText(b, []byte(c.Entity), true)
-	b = appendInt8(b, st.seq)
-	b = appendText(b, tenant, hasTenant)
-	b = binary.BigEndian.AppendUint32(b, 1)
-	if unknown {
-		b = append(b, 1)
-	} else {
-		b = append(b, 0)
+	if s.chunk == nil {
+		s.chunk = newChunkBuilder()
 	}
-	b = appendText(b, []byte(op), true)
+	k := s.chunk
+	if k.full() {
+		s.buf = k.row(s.buf)
+	}
+	if k.n == 0 {
+		k.first = seq
+	}
+	k.n++
+	k.bytes += len(e)
+	k.entity.text([]byte(c.Entity))
+	k.entitySeq.int8(st.seq)
+	if hasTenant {
+		k.tenant.text(tenant)
+	} else {
+		k.tenant.null()
+	}
+	k.unknown.bool(unknown)
+	k.op.text([]byte(op))
 	// Only entities that carry tenants need their keys found again (to
 	// route a key-only delete, to see a row change tenant); indexing the
 	// others' keys would tax every append for nothing.
 	if key != nil && st.tenanted {
-		b = appendInt8(b, keyHash(c.Entity, key))
+		k.keyHash.int8(keyHash(c.Entity, key))
 	} else {
-		b = binary.BigEndian.AppendUint32(b, math.MaxUint32) // NULL
+		k.keyHash.null()
 	}
-	b = appendText(b, key, key != nil)
-	b = appendInt8(b, int64(c.LSN))
-	b = appendInt8(b, int64(t.EndLSN))
-	b = appendInt8(b, int64(t.Xid))
-	b = appendInt8(b, t.CommitTime.UnixMicro()-pgEpoch)
-	b = binary.BigEndian.AppendUint32(b, 4)
-	b = binary.BigEndian.AppendUint32(b, uint32(len(e)))
-	b = appendText(b, e, true)
+	if key != nil {
+		k.key.text(key)
+	} else {
+		k.key.null()
+	}
+	k.lsn.int8(int64(c.LSN))
+	k.commitLSN.int8(int64(t.EndLSN))
+	k.xid.int8(int64(t.Xid))
+	k.commitTime.int8(t.CommitTime.UnixMicro() - pgEpoch)
+	k.size.int4(int32(len(e)))
+	k.envelope.text(e)
 	if x, ok := xid8(t); ok {
-		b = appendInt8(b, x)
+		k.xid8.int8(x)
 	} else {
-		b = binary.BigEndian.AppendUint32(b, math.MaxUint32) // NULL: unknown
+		k.xid8.null() // unknown
 	}
-	s.buf = b
 	if s.keep != nil {
 		s.keep.add(rowEntry(c, t, seq, st.seq, op, tenant, hasTenant, unknown), e)
 	}
@@ -772,13 +784,4 @@ func xid8(t *decoder.Transaction) (int64, bool) {
 func appendInt8(b []byte, v int64) []byte {
 	b = binary.BigEndian.AppendUint32(b, 8)
 	return binary.BigEndian.AppendUint64(b, uint64(v))
-}
-
-// appendText appends a text (or NULL when !ok) field.
-func appendText(b, v []byte, ok bool) []byte {
-	if !ok {
-		return binary.BigEndian.AppendUint32(b, math.MaxUint32)
-	}
-	b = binary.BigEndian.AppendUint32(b, uint32(len(v)))
-	return append(b, v...)
 }

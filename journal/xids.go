@@ -37,8 +37,8 @@ func (j *Journal) FirstSeqInvisible(ctx context.Context, from, to int64, xip []u
 		top = int64(xmax)
 	}
 	var min *int64
-	err = j.queryRow(ctx, `SELECT (SELECT min(seq) FROM `+j.sql.entries+` WHERE seq > $1 AND seq <= $2
-		AND CASE WHEN xid8 IS NOT NULL THEN xid8 = ANY($3) OR xid8 >= $4
+	err = j.queryRow(ctx, `SELECT (SELECT min(seq) FROM `+j.entriesIn("greatest($1::bigint, (SELECT floor - 1 FROM "+j.sql.retention+"))", "$2::bigint", "xid", "xid8")+` e
+		WHERE CASE WHEN xid8 IS NOT NULL THEN xid8 = ANY($3) OR xid8 >= $4
 			ELSE xid = ANY($5) OR ((xid - $6) % 4294967296 + 4294967296) % 4294967296 < 2147483648 END),
 		(SELECT greatest(r.floor - 1, m.resync_seq) FROM `+j.sql.meta+` m, `+j.sql.retention+` r)`,
 		[]any{from, to, full, top, low, int64(uint32(xmax))}, &min, &readFrom)

@@ -163,8 +163,8 @@ var poisonCatalog = []poison{
 		name: "a change the journal keeps refusing",
 		journal: []string{
 			`CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-			 BEGIN IF NEW.envelope LIKE '%poison-pill%' THEN RAISE EXCEPTION 'refused for the test' USING ERRCODE = '22023'; END IF; RETURN NEW; END $$`,
-			`CREATE TRIGGER refuse BEFORE INSERT ON walcast.entries FOR EACH ROW EXECUTE FUNCTION public.refuse()`,
+			 BEGIN IF array_to_string(NEW.envelope, ',') LIKE '%poison-pill%' THEN RAISE EXCEPTION 'refused for the test' USING ERRCODE = '22023'; END IF; RETURN NEW; END $$`,
+			`CREATE TRIGGER refuse BEFORE INSERT ON walcast.chunks FOR EACH ROW EXECUTE FUNCTION public.refuse()`,
 		},
 		write: []string{`INSERT INTO items VALUES (55, 'poison-pill', 1)`},
 		check: func(t *testing.T, es []journal.Entry, r *Replicator) {

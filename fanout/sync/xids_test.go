@@ -86,11 +86,17 @@ func TestCatchUpStartAgedEntries(t *testing.T) {
 	// before full xids were.
 	setXid := func(first, last int64, x8 uint64, legacy bool) {
 		t.Helper()
+		xid8 := strconv.FormatInt(int64(x8), 10)
 		if legacy {
-			pgtest.MustExec(t, e.url, `UPDATE walcast.entries SET xid8 = NULL, xid = `+strconv.FormatInt(int64(uint32(x8)), 10)+` WHERE seq BETWEEN `+strconv.FormatInt(first, 10)+` AND `+strconv.FormatInt(last, 10))
-			return
+			xid8 = "NULL"
 		}
-		pgtest.MustExec(t, e.url, `UPDATE walcast.entries SET xid8 = `+strconv.FormatInt(int64(x8), 10)+`, xid = `+strconv.FormatInt(int64(uint32(x8)), 10)+` WHERE seq BETWEEN `+strconv.FormatInt(first, 10)+` AND `+strconv.FormatInt(last, 10))
+		// Element i of a chunk's arrays is seq first_seq+i-1.
+		set := func(col, v string) string {
+			return col + ` = (SELECT array_agg(CASE WHEN c.first_seq + u.i - 1 BETWEEN ` + strconv.FormatInt(first, 10) + ` AND ` +
+				strconv.FormatInt(last, 10) + ` THEN ` + v + ` ELSE u.x END ORDER BY u.i) FROM unnest(c.` + col + `) WITH ORDINALITY AS u(x, i))`
+		}
+		pgtest.MustExec(t, e.url, `UPDATE walcast.chunks c SET `+set("xid8", xid8+"::bigint")+`, `+set("xid", strconv.FormatInt(int64(uint32(x8)), 10))+
+			` WHERE c.last_seq >= `+strconv.FormatInt(first, 10)+` AND c.first_seq <= `+strconv.FormatInt(last, 10))
 	}
 	ctx := syncCtx(t)
 	check := func(name string, want int64) {
