@@ -279,6 +279,21 @@ func walBreakdown(b *testing.B, url string, from, to decoder.LSN) (rows []walRow
 		b.Fatal(err)
 	}
 	defer conn.Close(ctx)
+	// pg_walinspect reads flushed WAL only; the WAL writer flushes what
+	// no commit did (the last records of a workload may be such) within
+	// wal_writer_delay.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		var flushed bool
+		if err := conn.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn() >= $1::pg_lsn`, to.String()).Scan(&flushed); err != nil {
+			b.Fatal(err)
+		}
+		if flushed {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("WAL up to %s not flushed after 10 s", to)
+		}
+	}
 	const q = `WITH r AS (
 		SELECT resource_manager AS rm, record_type AS rt, record_length AS len, fpi_length AS fpi,
 		       substring(block_ref FROM 'rel \d+/(\d+)/\d+')::oid AS db,
@@ -289,7 +304,11 @@ func walBreakdown(b *testing.B, url string, from, to decoder.LSN) (rows []walRow
 	       CASE WHEN db IS NULL THEN '-'
 	            WHEN db = 0 THEN 'shared catalog'
 	            WHEN db <> (SELECT oid FROM pg_database WHERE datname = current_database()) THEN 'other database'
-	            ELSE coalesce(pg_filenode_relation(0, node)::regclass::text, 'relfilenode ' || node) END,
+	            ELSE coalesce(
+	                (SELECT 'TOAST of ' || o.oid::regclass FROM pg_class o WHERE o.reltoastrelid = pg_filenode_relation(0, node)),
+	                (SELECT 'TOAST index of ' || o.oid::regclass FROM pg_class o JOIN pg_index i ON i.indrelid = o.reltoastrelid
+	                    WHERE i.indexrelid = pg_filenode_relation(0, node)),
+	                pg_filenode_relation(0, node)::regclass::text, 'relfilenode ' || node) END,
 	       n, rec, fpi
 	FROM g`
 	rs, err := conn.Query(ctx, q, from.String(), to.String())
