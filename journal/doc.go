@@ -35,7 +35,7 @@
 //
 // A key-only change whose tenant the decoder could not know (a DELETE under
 // REPLICA IDENTITY DEFAULT) takes the tenant of the newest journaled change
-// of the same entity and key, found through entries.key_hash; within one
+// of the same entity and key, found through the chunks' key_hash arrays (a GIN index); within one
 // batch, earlier changes of the batch count. To keep that index off the
 // append path of deployments without tenancy, key_hash is stored only once
 // an entity is known to carry tenants (it has a tenant column, or one of its
@@ -61,4 +61,29 @@
 // (CatalogEntry.TenantUnscoped) has its changes journaled as quarantine
 // entries that carry no tenant and no key: they are tenantUnknown, so they
 // too reach only AllTenants readers.
+//
+// # Storage
+//
+// Entries are stored many to a row (chunks.go): each append writes its
+// entries as chunks of up to 1,024 consecutive seqs, every column an array
+// that PostgreSQL compresses, so the journal writes a fraction of the WAL
+// the source's own changes did (docs/performance.md). The entries view
+// shows them one to a row.
+//
+// # Files
+//
+//   - journal.go: Open, the meta row (watermark, source, published position);
+//     migrate.go: the schema and its migrations.
+//   - append.go: the append API and fencing (Acquire); write.go: the append
+//     transaction; encode.go: changes to entries (envelopes, tenants, moves);
+//     chunks.go: entries to chunk rows, and the SQL that reads them back.
+//   - read.go, cursor.go, where.go: reads by cursor with entity and tenant
+//     filters; publishapi.go: the publisher's read by seq; syncapi.go and
+//     xids.go: what sync nodes read besides changes; recent.go: the
+//     in-memory tail of this process's own appends; notify.go: LISTEN.
+//   - tenant.go, keycache.go: the tenant of a key's newest change.
+//   - retention.go: pruning; snapshot.go, snapshot_tables.go: snapshot
+//     requests and progress, and the publication's recorded tables;
+//     catalog.go: what readers may see of each table.
+//   - pool.go, limits_*.go: connections and their time bounds.
 package journal
