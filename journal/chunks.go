@@ -186,6 +186,15 @@ func (c *chunkBuilder) arrays() []*pgArray {
 		&c.lsn, &c.commitLSN, &c.xid, &c.commitTime, &c.size, &c.envelope, &c.xid8}
 }
 
+// capacity is the bytes its column buffers hold on to.
+func (c *chunkBuilder) capacity() int {
+	n := 0
+	for _, a := range c.arrays() {
+		n += cap(a.data)
+	}
+	return n
+}
+
 // full reports whether the chunk should end before another entry.
 func (c *chunkBuilder) full() bool { return c.n >= chunkEntries || c.bytes >= chunkBytes }
 

@@ -52,6 +52,7 @@ type appendCache struct {
 	epochSeq  int64                  // the epoch's first seq
 	entities  map[string]entityState // entity_seqs
 	buf       []byte                 // COPY encoding buffer, reused
+	chunk     *chunkBuilder          // its column buffers, reused
 	// highNext and highWM are next_seq and the watermark after this
 	// process's newest committed append; unlike the rest they survive an
 	// invalidation, so a meta row found below them means the journal was
@@ -192,7 +193,8 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 	if err != nil {
 		return res, err
 	}
-	src := &copySource{txs: kept, next: nextSeq, base: j.cache.entities, dirty: map[string]entityState{}, resolve: resolve, keys: &j.keys, buf: j.cache.buf[:0]}
+	src := &copySource{txs: kept, next: nextSeq, base: j.cache.entities, dirty: map[string]entityState{}, resolve: resolve, keys: &j.keys, buf: j.cache.buf[:0], chunk: j.cache.chunk}
+	j.cache.chunk = nil // given back below only if this append succeeds
 	if j.recent.wanted(nextSeq) {
 		n := 0
 		for _, t := range kept {
@@ -204,8 +206,11 @@ func (j *Journal) appendOnce(ctx context.Context, conn *pgx.Conn, gen int64, txs
 	defer func() {
 		// Reuse the encoding buffer only after a successful append: after a
 		// failed COPY, pgx's reader goroutine may still be reading it.
-		if reuse && cap(src.buf) <= j.oneShotBytes+2*copyChunk {
+		if reuse && cap(src.buf) <= 2*j.oneShotBytes+2*chunkBytes {
 			j.cache.buf = src.buf[:0]
+		}
+		if reuse && src.chunk != nil && src.chunk.capacity() <= 4*chunkBytes {
+			j.cache.chunk = src.chunk // empty: its last row was encoded
 		}
 	}()
 	// A batch that encodes within j.oneShotBytes is encoded before sending, so

@@ -1,7 +1,6 @@
 package replication
 
 import (
-	"context"
 	"sync"
 	"time"
 
@@ -273,40 +272,38 @@ func (q *queue) drain() []queueItem {
 }
 
 // waker lets the writer interrupt the loop's receive wait when a new
-// watermark is ready to acknowledge. It cancels only the receive's context;
-// the loop stays the connection's only writer.
+// watermark is ready to acknowledge: wake marks it pending and calls
+// interrupt, which ends a blocked receive (it moves the socket's read
+// deadline to now); the loop takes the mark before each receive, so a wake
+// that lands before the loop sets its own deadline is not lost. The loop
+// stays the connection's only writer.
 type waker struct {
-	mu      sync.Mutex // guards the following fields
-	cancel  context.CancelFunc
-	pending bool
+	mu        sync.Mutex // guards the following fields
+	interrupt func()
+	pending   bool
 }
 
-// arm registers the cancel func of the receive about to start; if a wake
-// came in between, it cancels at once.
-func (w *waker) arm(cancel context.CancelFunc) {
+// setInterrupt installs (or, with nil, removes) what wake calls.
+func (w *waker) setInterrupt(f func()) {
+	w.mu.Lock()
+	w.interrupt = f
+	w.mu.Unlock()
+}
+
+// take reports whether a wake came since the last take, and clears it.
+func (w *waker) take() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.pending {
-		w.pending = false
-		cancel()
-		return
-	}
-	w.cancel = cancel
-}
-
-func (w *waker) disarm() {
-	w.mu.Lock()
-	w.cancel = nil
-	w.mu.Unlock()
+	p := w.pending
+	w.pending = false
+	return p
 }
 
 func (w *waker) wake() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.cancel != nil {
-		w.cancel()
-		w.cancel = nil
-		return
-	}
 	w.pending = true
+	if w.interrupt != nil {
+		w.interrupt()
+	}
 }

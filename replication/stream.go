@@ -137,6 +137,7 @@ type streamLoop struct {
 	dec         *decoder.Decoder
 	q           *queue
 	wake        *waker
+	deadline    time.Time // the socket's read deadline as the loop last set it; zero: set it again
 	writerDone  chan error
 	statusEvery time.Duration
 
@@ -163,20 +164,24 @@ func (l *streamLoop) run(ctx context.Context) error {
 	l.lastRecv = now
 	l.nextStatus = now
 	silence := 2 * l.statusEvery
-	// One receive context serves every message until its deadline (a
-	// status update due, or the server silent too long) passes or the
-	// writer's new watermark cancels it (wake): a context and its timer per
-	// message were a few percent of a catch-up's CPU. A deadline computed
-	// before later messages moved lastRecv or nextStatus is only early,
-	// which costs one more turn of the loop.
-	var rctx context.Context
-	var cancel context.CancelFunc
+	// Receives wait on the socket's read deadline (a status update due, or
+	// the server silent too long), not on a context: pgconn arms a watcher
+	// for every receive given a cancellable context, a tenth of a
+	// catch-up's CPU. The deadline is set only when it changes; the
+	// writer's new watermark (wake) and shutdown move it to now, which
+	// ends a blocked receive with a timeout that leaves the connection
+	// usable. A deadline computed before later messages moved lastRecv or
+	// nextStatus is only early, which costs one more turn of the loop.
+	nc := l.conn.Conn()
+	interrupt := func() { _ = nc.SetReadDeadline(time.Now()) }
+	l.wake.setInterrupt(interrupt)
+	stopOnDone := context.AfterFunc(ctx, interrupt)
 	defer func() {
-		if cancel != nil {
-			l.wake.disarm()
-			cancel()
-		}
+		stopOnDone()
+		l.wake.setInterrupt(nil)
+		_ = nc.SetReadDeadline(time.Time{}) // the connection outlives the loop
 	}()
+	l.deadline = time.Time{}
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -215,25 +220,28 @@ func (l *streamLoop) run(ctx context.Context) error {
 			l.lastRecv = time.Now() // silence is ours, not the server's
 			continue
 		}
-		if rctx == nil || rctx.Err() != nil {
-			if cancel != nil {
-				l.wake.disarm()
-				cancel()
-			}
-			deadline := l.nextStatus
-			if d := l.lastRecv.Add(silence); d.Before(deadline) {
-				deadline = d
-			}
-			rctx, cancel = context.WithDeadline(ctx, deadline)
-			l.wake.arm(cancel)
+		deadline := l.nextStatus
+		if d := l.lastRecv.Add(silence); d.Before(deadline) {
+			deadline = d
 		}
-		msg, err := l.conn.ReceiveMessage(rctx)
+		if !deadline.Equal(l.deadline) {
+			if err := nc.SetReadDeadline(deadline); err != nil {
+				return classifyStreamError("receive replication stream", err)
+			}
+			l.deadline = deadline
+		}
+		if l.wake.take() {
+			continue // a new watermark to acknowledge first
+		}
+		// context.Background exactly: pgconn skips its watcher for it.
+		msg, err := l.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			if pgconn.Timeout(err) || errors.Is(err, context.Canceled) {
-				continue // status due, or woken by a new watermark
+			if pgconn.Timeout(err) {
+				l.deadline = time.Time{} // an interrupt may have moved it
+				continue                 // status due, or woken by a new watermark
 			}
 			return classifyStreamError("receive replication stream", err)
 		}
@@ -341,6 +349,7 @@ func (l *streamLoop) sendStatus(ctx context.Context, reply bool) error {
 	}
 	l.sentWM = wm
 	l.nextStatus = time.Now().Add(l.statusEvery)
+	l.deadline = time.Time{} // set again before the next receive, whatever the send did to it
 	return nil
 }
 
