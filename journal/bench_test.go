@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/internal/pgtest"
 )
 
 // benchBatch builds a batch of n changes (~300-byte envelopes once
@@ -161,7 +163,7 @@ func BenchmarkRead(b *testing.B) {
 // BenchmarkReadAfter is the publisher's read: a 20,000-entry journal read
 // with ReadAfterBytes in batches of 1,000 (from the journal, not the recent
 // log), beside a bare COPY of the same rows' columns out of the entries
-// table — the most a read of them could do. Reported: entries/s of each and
+// chunks — the most a read of them could do. Reported: entries/s of each and
 // their ratio.
 func BenchmarkReadAfter(b *testing.B) {
 	j, gen, url := newJournal(b)
@@ -192,8 +194,8 @@ func BenchmarkReadAfter(b *testing.B) {
 		readT += time.Since(start)
 		start = time.Now()
 		for pos := int64(0); pos < total; pos += 1000 {
-			sql := fmt.Sprintf("COPY (SELECT seq, entity, entity_seq, tenant, tenant_unknown, op, lsn, commit_lsn, commit_time, envelope FROM %s WHERE seq > %d AND seq <= %d ORDER BY seq) TO STDOUT (FORMAT binary)",
-				j.sql.entries, pos, pos+1000)
+			sql := "COPY (SELECT seq, entity, entity_seq, tenant, tenant_unknown, op, lsn, commit_lsn, commit_time, envelope FROM " +
+				j.entriesIn(strconv.FormatInt(pos, 10), strconv.FormatInt(pos+1000, 10), readColumns...) + " e ORDER BY seq) TO STDOUT (FORMAT binary)"
 			if _, err := conn.PgConn().CopyTo(ctx, io.Discard, sql); err != nil {
 				b.Fatal(err)
 			}
@@ -204,4 +206,39 @@ func BenchmarkReadAfter(b *testing.B) {
 	b.ReportMetric(n/readT.Seconds(), "read-env/s")
 	b.ReportMetric(n/copyT.Seconds(), "copy-env/s")
 	b.ReportMetric(copyT.Seconds()/readT.Seconds(), "read/copy")
+}
+
+// BenchmarkAppendWAL reports the WAL one append writes on the journal's
+// server, per change and per append, for appends of 1, 10, 100 and 1,000
+// changes (~300-byte envelopes): the steady state of a quiet source, where
+// every source transaction is an append of its own, up to a busy one.
+func BenchmarkAppendWAL(b *testing.B) {
+	for _, n := range []int{1, 10, 100, 1000} {
+		b.Run(fmt.Sprintf("batch=%d", n), func(b *testing.B) {
+			j, gen, url := newJournal(b)
+			ctx := context.Background()
+			var lsn decoder.LSN
+			// Past the first appends' full-page images of the meta rows.
+			for k := 0; k < 20; k++ {
+				if _, err := j.Append(ctx, gen, benchBatch(n, &lsn)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			walLSN := func() int64 {
+				var v int64
+				pgtest.MustQueryRow(b, url, "SELECT pg_current_wal_lsn() - '0/0'", nil, &v)
+				return v
+			}
+			b.ResetTimer()
+			w0 := walLSN()
+			for i := 0; i < b.N; i++ {
+				if _, err := j.Append(ctx, gen, benchBatch(n, &lsn)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			wal := float64(walLSN() - w0)
+			b.ReportMetric(wal/float64(b.N*n), "WAL-B/change")
+			b.ReportMetric(wal/float64(b.N), "WAL-B/append")
+		})
+	}
 }
