@@ -46,7 +46,10 @@ docs:
 # A throwaway PostgreSQL, walcast verify, walcast run with embedded NATS,
 # walcast sync --console (it prints the console's URL and a demo token) and
 # walcast tail while the script writes; Ctrl-C stops it all.
-demo: build
+# The build says what it is doing: on a cold module and build cache it
+# takes minutes (deploy/demo/build.sh).
+demo:
+	GO='$(GO)' bash deploy/demo/build.sh '$(BIN)' '$(LDFLAGS)'
 	bash deploy/demo/demo.sh
 
 # Micro-benchmarks of every package (decode, journal append, ...).
