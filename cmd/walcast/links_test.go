@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // repoRoot is the repository's root, seen from this package's directory.
@@ -18,8 +19,9 @@ const repoRoot = "../.."
 
 // TestDocsRelativeLinks: every relative link in the README and under docs/
 // (and in any other Markdown file of the repository outside node_modules)
-// names a file or directory that exists in the repository. Anchors and
-// absolute URLs are not checked.
+// names a file or directory that exists in the repository, and a #anchor
+// into a Markdown file names one of its headings (as GitHub derives
+// anchors from them) or an explicit id. Absolute URLs are not checked.
 func TestDocsRelativeLinks(t *testing.T) {
 	var files []string
 	err := filepath.WalkDir(repoRoot, func(path string, d fs.DirEntry, err error) error {
@@ -125,11 +127,20 @@ func brokenLinks(root, file string) ([]string, error) {
 		}
 		for _, target := range targets {
 			target = strings.TrimSuffix(strings.TrimPrefix(target, "<"), ">")
-			if target == "" || strings.HasPrefix(target, "#") || strings.HasPrefix(target, "//") || scheme.MatchString(target) {
+			if target == "" || target == "#" || strings.HasPrefix(target, "//") || scheme.MatchString(target) {
 				continue
 			}
-			p := target
-			if i := strings.IndexAny(p, "#?"); i >= 0 {
+			if strings.HasPrefix(target, "#") {
+				if !anchorsOf(file)[target[1:]] {
+					broken = append(broken, fmt.Sprintf("%s:%d: %s (no such heading)", filepath.ToSlash(rel), n, target))
+				}
+				continue
+			}
+			p, frag := target, ""
+			if i := strings.IndexByte(p, '#'); i >= 0 {
+				p, frag = p[:i], p[i+1:]
+			}
+			if i := strings.IndexByte(p, '?'); i >= 0 {
 				p = p[:i]
 			}
 			if unescaped, err := url.PathUnescape(p); err == nil {
@@ -152,6 +163,8 @@ func brokenLinks(root, file string) ([]string, error) {
 			}
 			if _, err := os.Stat(abs); err != nil {
 				broken = append(broken, where)
+			} else if frag != "" && strings.HasSuffix(abs, ".md") && !anchorsOf(abs)[frag] {
+				broken = append(broken, where+" (no such heading)")
 			}
 		}
 	}
@@ -162,9 +175,75 @@ func brokenLinks(root, file string) ([]string, error) {
 	return broken, nil
 }
 
+var (
+	atxHeading = regexp.MustCompile(`^ {0,3}#{1,6}[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*$`)
+	explicitID = regexp.MustCompile(`<a\s+(?:name|id)\s*=\s*"([^"]+)"`)
+	mdLink     = regexp.MustCompile(`!?\[([^\]]*)\]\([^)]*\)`)
+	htmlTag    = regexp.MustCompile(`<[^>]+>`)
+)
+
+// anchorsOf returns the anchors of a Markdown file: GitHub's anchor of
+// each ATX heading (lower case; markup, punctuation and symbols dropped;
+// each space a hyphen; a repeated anchor suffixed -1, -2, …), and the ids
+// of <a name="…"> or <a id="…"> tags. A file that cannot be read has none.
+func anchorsOf(file string) map[string]bool {
+	anchors := map[string]bool{}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return anchors
+	}
+	seen := map[string]int{}
+	fence := ""
+	for _, line := range strings.Split(string(b), "\n") {
+		trimmed := strings.TrimLeft(line, " ")
+		if fence != "" {
+			if strings.HasPrefix(trimmed, fence) {
+				fence = ""
+			}
+			continue
+		}
+		if strings.HasPrefix(trimmed, "```") || strings.HasPrefix(trimmed, "~~~") {
+			fence = trimmed[:3]
+			continue
+		}
+		for _, m := range explicitID.FindAllStringSubmatch(line, -1) {
+			anchors[m[1]] = true
+		}
+		m := atxHeading.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		slug := githubSlug(m[1])
+		if k := seen[slug]; k > 0 {
+			anchors[fmt.Sprintf("%s-%d", slug, k)] = true
+		} else {
+			anchors[slug] = true
+		}
+		seen[slug]++
+	}
+	return anchors
+}
+
+// githubSlug is the anchor GitHub gives a heading's text.
+func githubSlug(text string) string {
+	text = mdLink.ReplaceAllString(text, "$1")
+	text = htmlTag.ReplaceAllString(text, "")
+	var b strings.Builder
+	for _, r := range strings.ToLower(text) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsNumber(r) || unicode.Is(unicode.Mn, r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
 // TestBrokenLinksFindsEachKind: the checker reports a missing file, a
-// missing directory, a path outside the repository and a reference
-// definition, and passes existing files (with anchors), anchors, URLs and
+// missing directory, a path outside the repository, a reference definition
+// and an anchor no heading has, and passes existing files, headings'
+// anchors (markup dropped, repeats numbered), explicit ids, URLs and
 // anything in code.
 func TestBrokenLinksFindsEachKind(t *testing.T) {
 	root := t.TempDir()
@@ -173,12 +252,17 @@ func TestBrokenLinksFindsEachKind(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, f := range []string{"README.md", "docs/sub/page one.md", "deploy/setup.sql"} {
-		if err := os.WriteFile(filepath.Join(root, f), nil, 0o644); err != nil {
+	for f, text := range map[string]string{
+		"README.md":            "",
+		"deploy/setup.sql":     "",
+		"docs/sub/page one.md": "# Intro\n\n## State, then changes (`snapshot:true`, [GET /v1/snapshot](x.md))\n\n## Intro\n\n```\n# not a heading\n```\n<a id=\"custom\"></a>\n",
+	} {
+		if err := os.WriteFile(filepath.Join(root, f), []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 	page := strings.Join([]string{
+		"# Top",
 		"See [the page](sub/page%20one.md#intro), [setup](../deploy/setup.sql \"SQL\"), [deploy](../deploy/) and [home](/README.md).",
 		"[anchor](#top), [site](https://example.com/x.md), [mail](mailto:a@example.com), ![img](<sub/page one.md>)",
 		"`[in code](missing-in-span.md)`",
@@ -188,6 +272,8 @@ func TestBrokenLinksFindsEachKind(t *testing.T) {
 		"Broken: [gone](gone.md#part), [dir](../nodir/), [out](../../outside.md)",
 		`<a href="missing.html">x</a>`,
 		"[ref]: ../deploy/missing.sql",
+		"[a](sub/page%20one.md#state-then-changes-snapshottrue-get-v1snapshot) [b](sub/page%20one.md#intro-1) [c](<sub/page one.md#custom>)",
+		"[d](sub/page%20one.md#intro-2) [e](sub/page%20one.md#not-a-heading) [f](#nowhere)",
 	}, "\n")
 	file := filepath.Join(root, "docs", "guide.md")
 	if err := os.WriteFile(file, []byte(page), 0o644); err != nil {
@@ -198,11 +284,14 @@ func TestBrokenLinksFindsEachKind(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
-		"docs/guide.md:7: ../../outside.md (outside the repository)",
-		"docs/guide.md:7: ../nodir/",
-		"docs/guide.md:7: gone.md#part",
-		"docs/guide.md:8: missing.html",
-		"docs/guide.md:9: ../deploy/missing.sql",
+		"docs/guide.md:8: ../../outside.md (outside the repository)",
+		"docs/guide.md:8: ../nodir/",
+		"docs/guide.md:8: gone.md#part",
+		"docs/guide.md:9: missing.html",
+		"docs/guide.md:10: ../deploy/missing.sql",
+		"docs/guide.md:12: sub/page%20one.md#intro-2 (no such heading)",
+		"docs/guide.md:12: sub/page%20one.md#not-a-heading (no such heading)",
+		"docs/guide.md:12: #nowhere (no such heading)",
 	}
 	sort.Strings(want)
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
