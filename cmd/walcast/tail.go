@@ -80,7 +80,10 @@ full, for piping into other tools.
 			// fills the others from the environment.
 			onCommandLine = map[string]bool{}
 			cmd.Flags().Visit(func(f *pflag.Flag) { onCommandLine[f.Name] = true })
-			return cmd.Root().PersistentPreRunE(cmd, args)
+			if pre := cmd.Root().PersistentPreRunE; pre != nil {
+				return pre(cmd, args)
+			}
+			return nil
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := bufio.NewWriter(cmd.OutOrStdout())

@@ -57,10 +57,18 @@ from the same flags and variables as the node's.
 
 The token grants each --topic ("*" for every topic), is scoped to --tenant
 when given, allows snapshots with --snapshot, names --sub as its subject and
-expires after --ttl.
+expires after --ttl. The token goes to standard output, a description of it
+to standard error.`,
+		Example: `  # for a node started with --jwt-secret (or WALCAST_JWT_SECRET)
+  export WALCAST_JWT_SECRET=...
+  walcast token --dev --topic public.orders --snapshot --ttl 1h
 
-Example:
-  WALCAST_JWT_SECRET=... walcast token --dev --topic public.orders --snapshot --ttl 1h`,
+  # for a node started with --jwt-public-key-file pub.pem
+  walcast token --dev --jwt-private-key-file key.pem --topic public.orders --tenant acme
+
+  # as a client would use it
+  walcast tail --socket ws://127.0.0.1:8080/v1/socket --topic public.orders \
+    --token "$(walcast token --dev --topic public.orders)"`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			tok, summary, err := mintToken(&tf, time.Now())
