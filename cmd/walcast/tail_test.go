@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"strings"
 	"sync"
@@ -118,19 +119,24 @@ func tailOne(t *testing.T, url string, env map[string]string, envelope string, a
 	}
 	done := make(chan result, 1)
 	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // before wg.Wait: a test that fails stops tail too
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		code, stdout, stderr := walcast(t, env, append([]string{"tail", "--nats-url", url, "--count", "1"}, args...)...)
-		done <- result{code, stdout, stderr}
+		var stdout, stderr bytes.Buffer
+		code := Run(ctx, append([]string{"tail", "--nats-url", url, "--count", "1"}, args...), Env{Stdout: &stdout, Stderr: &stderr,
+			LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok }})
+		done <- result{code, stdout.String(), stderr.String()}
 	}()
-	defer wg.Wait()
 	deadline := time.After(30 * time.Second)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
 	// tail subscribes some time after it starts: publish until it prints.
-	for tick := time.NewTicker(50 * time.Millisecond); ; {
+	for {
 		select {
 		case r := <-done:
-			tick.Stop()
 			if r.code != exitOK {
 				t.Fatalf("tail %v: exit %d\n%s", args, r.code, r.stderr)
 			}
