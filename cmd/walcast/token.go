@@ -34,6 +34,9 @@ type tokenFlags struct {
 	sub        string
 	audience   string
 	issuer     string
+	// onCommandLine holds the flags given on the command line, as opposed
+	// to set from the environment.
+	onCommandLine map[string]bool
 }
 
 func newTokenCmd() *cobra.Command {
@@ -69,7 +72,8 @@ to standard error.`,
   # as a client would use it
   walcast tail --socket ws://127.0.0.1:8080/v1/socket --topic public.orders \
     --token "$(walcast token --dev --topic public.orders)"`,
-		Args: cobra.NoArgs,
+		Args:              cobra.NoArgs,
+		PersistentPreRunE: noteCommandLine(&tf.onCommandLine),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			tok, summary, err := mintToken(&tf, time.Now())
 			if err != nil {
@@ -100,13 +104,22 @@ to standard error.`,
 // node configured with the same key would. summary describes the token for
 // standard error, without the token or any key material.
 func mintToken(tf *tokenFlags, now time.Time) (token, summary string, err error) {
+	// A key on the command line wins over one from the environment (a
+	// shell that exported a node's WALCAST_JWT_SECRET, say).
+	if tf.secret != "" && tf.privateKey != "" && tf.onCommandLine["jwt-secret"] != tf.onCommandLine["jwt-private-key-file"] {
+		if tf.onCommandLine["jwt-secret"] {
+			tf.privateKey = ""
+		} else {
+			tf.secret = ""
+		}
+	}
 	switch {
 	case !tf.dev:
 		return "", "", usageErrorf("token: refusing to mint without --dev: production tokens come from your application's auth server, " +
 			"which signs only what each user may read; for development, run walcast token --dev --topic SCHEMA.TABLE " +
 			"with the node's --jwt-secret (or WALCAST_JWT_SECRET) or --jwt-private-key-file")
 	case tf.secret != "" && tf.privateKey != "":
-		return "", "", usageErrorf("token: give --jwt-secret or --jwt-private-key-file, not both")
+		return "", "", usageErrorf("token: give --jwt-secret or --jwt-private-key-file, not both (on the command line, or both from the environment: WALCAST_JWT_SECRET, WALCAST_JWT_PRIVATE_KEY_FILE)")
 	case tf.secret == "" && tf.privateKey == "":
 		return "", "", usageErrorf("token: --jwt-secret (or WALCAST_JWT_SECRET) or --jwt-private-key-file is required: the key the sync node verifies tokens with")
 	case len(tf.topics) == 0:

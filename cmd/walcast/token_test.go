@@ -228,6 +228,19 @@ func TestTokenPrivateKeys(t *testing.T) {
 		})
 	}
 
+	// A key file on the command line wins over the secret of a node's
+	// exported environment, and the other way round.
+	code, _, stderr := walcast(t, map[string]string{"WALCAST_JWT_SECRET": tokenTestSecret}, "token", "--dev", "--topic", "public.orders",
+		"--jwt-private-key-file", filepath.Join(dir, "ec.pem"))
+	if code != exitOK || !strings.Contains(stderr, "ES256") {
+		t.Fatalf("key file on the command line, secret in the environment: exit %d\n%s", code, stderr)
+	}
+	code, _, stderr = walcast(t, map[string]string{"WALCAST_JWT_PRIVATE_KEY_FILE": filepath.Join(dir, "ec.pem")}, "token", "--dev", "--topic", "public.orders",
+		"--jwt-secret", tokenTestSecret)
+	if code != exitOK || !strings.Contains(stderr, "HS256") {
+		t.Fatalf("secret on the command line, key file in the environment: exit %d\n%s", code, stderr)
+	}
+
 	// A P-384 key with a kid signs ES384, for a node with a JWKS.
 	code, stdout, stderr := walcast(t, nil, "token", "--dev", "--topic", "public.orders", "--kid", "k1",
 		"--jwt-private-key-file", filepath.Join(dir, "p384.pem"))
