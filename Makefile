@@ -3,7 +3,7 @@ BIN       := bin/walcast
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 
-.PHONY: build test js-test console js-pack bench bench-e2e bench-cost bench-latency demo lint clean
+.PHONY: build test js-test console js-pack docs bench bench-e2e bench-cost bench-latency demo lint clean
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/walcast
@@ -36,10 +36,20 @@ js-pack:
 	ln -s $(CURDIR)/$(JS)/node_modules $$d/node_modules && \
 	(cd $$d && npm pkg set version=$$v && sed -i "s/'0.0.0-dev'/'$$v'/" src/version.ts && npm pack --pack-destination $(CURDIR)/bin) && rm -rf $$d
 
+# Regenerate the command and flag reference from the command tree:
+# docs/reference (one page per command) and the README's flag tables.
+# Commit the result; TestCommandReference and TestREADMEFlagReference fail
+# while it is stale.
+docs:
+	$(GO) test ./cmd/walcast -run '^(TestCommandReference|TestREADMEFlagReference)$$' -count=1 -update-docs
+
 # A throwaway PostgreSQL, walcast verify, walcast run with embedded NATS,
 # walcast sync --console (it prints the console's URL and a demo token) and
 # walcast tail while the script writes; Ctrl-C stops it all.
-demo: build
+# The build says what it is doing: on a cold module and build cache it
+# takes minutes (deploy/demo/build.sh).
+demo:
+	GO='$(GO)' bash deploy/demo/build.sh '$(BIN)' '$(LDFLAGS)'
 	bash deploy/demo/demo.sh
 
 # Micro-benchmarks of every package (decode, journal append, ...).

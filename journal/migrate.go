@@ -222,8 +222,7 @@ func (j *Journal) migrate(ctx context.Context) error {
 		if errors.As(err, &je) {
 			return err
 		}
-		return opErr(op, fmt.Errorf("create or migrate journal schema %s: %w", schemaQ, err),
-			"check that the journal role may CREATE in the database (GRANT CREATE ON DATABASE …) and that --journal-url points at the right database")
+		return opErr(op, fmt.Errorf("create or migrate journal schema %s: %w", schemaQ, err), migrateFix(err))
 	}
 	return nil
 }

@@ -47,3 +47,55 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("the demo did not clean up:\n%s", stderr.String())
 	}
 }
+
+// TestDemoBuildSaysWhatItDoes: make demo's build step (deploy/demo/build.sh)
+// says that a first build takes minutes, passes on each module download,
+// counts the packages go build compiles, and fails with go build's errors
+// when it fails. A stand-in for the go command prints what go build -v
+// prints on a cold cache.
+func TestDemoBuildSaysWhatItDoes(t *testing.T) {
+	dir := t.TempDir()
+	fakeGo := dir + "/go"
+	script := `#!/bin/sh
+echo "go: downloading github.com/example/mod v1.2.3" >&2
+i=0
+while [ $i -lt 120 ]; do echo "github.com/example/mod/pkg$i" >&2; i=$((i+1)); done
+if [ -n "$FAIL_BUILD" ]; then
+  echo "# github.com/walcast/walcast/cmd/walcast" >&2
+  echo "cmd/walcast/x.go:1:2: undefined: y" >&2
+  exit 1
+fi
+`
+	if err := os.WriteFile(fakeGo, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run := func(fail bool) (string, error) {
+		cmd := exec.Command("bash", "deploy/demo/build.sh", dir+"/walcast")
+		cmd.Dir = "../.."
+		cmd.Env = append(os.Environ(), "GO="+fakeGo)
+		if fail {
+			cmd.Env = append(cmd.Env, "FAIL_BUILD=1")
+		}
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := run(false)
+	if err != nil {
+		t.Fatalf("build.sh: %v\n%s", err, out)
+	}
+	for _, want := range []string{"first build downloads and compiles every dependency", "a few minutes",
+		"downloading github.com/example/mod v1.2.3", "compiled 50 packages", "compiled 100 packages", "built " + dir + "/walcast in"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("build.sh output lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = run(true)
+	if err == nil {
+		t.Fatalf("build.sh succeeded although go build failed:\n%s", out)
+	}
+	for _, want := range []string{"cmd/walcast/x.go:1:2: undefined: y", "failed (the errors are above)"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("a failed build's output lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -2,11 +2,14 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
@@ -31,6 +34,12 @@ func newTailCmd(env Env) *cobra.Command {
 		socketURL    string
 		token        string
 		snapshot     bool
+		// maxValueBytes is the longest string value printed in full
+		// (0: no limit).
+		maxValueBytes int
+		// onCommandLine holds the flags given on the command line, as
+		// opposed to set from the environment.
+		onCommandLine map[string]bool
 	)
 	cmd := &cobra.Command{
 		Use:   "tail",
@@ -54,21 +63,29 @@ retained; default: only new ones), or after --from-cursor (a cursor issued by a
 sync node, with the same --cursor-secret, --topic and --tenant it was issued
 for); it keeps following new entries.
 
+A source given on the command line wins over one set in the environment
+(WALCAST_NATS_URL, WALCAST_JOURNAL_URL, WALCAST_SOCKET), so tail works in a
+shell that exported a sync node's settings.
+
+String values longer than --max-value-bytes (default 256) are cut for the
+screen, ending in a note of how many bytes were left out; the rest of each
+line is the envelope as published. --max-value-bytes 0 prints every value in
+full, for piping into other tools.
+
 --count N stops after N envelopes.`,
-		Args: cobra.NoArgs,
+		Args:              cobra.NoArgs,
+		PersistentPreRunE: noteCommandLine(&onCommandLine),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := bufio.NewWriter(cmd.OutOrStdout())
 			defer out.Flush()
-			p := &printer{w: out, left: count}
-			sources := 0
-			for _, set := range []bool{nf.cfg.URL != "", journalURL != "", socketURL != ""} {
-				if set {
-					sources++
-				}
+			if maxValueBytes < 0 {
+				return usageErrorf("tail: --max-value-bytes must not be negative (0 prints every value in full)")
+			}
+			p := &printer{w: out, left: count, maxValue: maxValueBytes}
+			if err := chooseTailSource(onCommandLine, map[string]*string{"nats-url": &nf.cfg.URL, "journal-url": &journalURL, "socket": &socketURL}); err != nil {
+				return err
 			}
 			switch {
-			case sources > 1:
-				return usageErrorf("tail: give one of --nats-url, --journal-url or --socket")
 			case socketURL != "":
 				if len(topics) == 0 {
 					return usageErrorf("tail: --socket needs at least one --topic")
@@ -123,18 +140,60 @@ for); it keeps following new entries.
 	f.BoolVar(&snapshot, "snapshot", false, "with --socket: print each topic's current rows first, then its changes")
 	f.StringVar(&tenant, "tenant", "", "tenant the cursor was issued for (with --from-cursor)")
 	f.IntVar(&count, "count", 0, "stop after this many envelopes (0: never)")
+	f.IntVar(&maxValueBytes, "max-value-bytes", 256, "cut string values longer than this for display, noting the bytes left out (0: print values in full)")
 	return cmd
 }
 
 // errDone ends a tail after --count envelopes.
 var errDone = errors.New("done")
 
+// tailSources are tail's source flags, in the order the messages name them.
+var tailSources = []string{"nats-url", "journal-url", "socket"}
+
+// chooseTailSource leaves set only the one source tail reads, clearing the
+// others in vals (keyed by flag name). A source given on the command line
+// wins over those set from the environment; two on the command line, or
+// none there and two in the environment, are a usage error that names them.
+func chooseTailSource(onCommandLine map[string]bool, vals map[string]*string) error {
+	var given, fromEnv []string
+	for _, name := range tailSources {
+		switch {
+		case *vals[name] == "":
+		case onCommandLine[name]:
+			given = append(given, "--"+name)
+		default:
+			fromEnv = append(fromEnv, envName(name))
+		}
+	}
+	keep := func(flag string) {
+		for _, name := range tailSources {
+			if "--"+name != flag {
+				*vals[name] = ""
+			}
+		}
+	}
+	switch {
+	case len(given) > 1:
+		return usageErrorf("tail: the command line gives %s; tail reads one source: keep one of them", strings.Join(given, " and "))
+	case len(given) == 1:
+		keep(given[0])
+	case len(fromEnv) > 1:
+		return usageErrorf("tail: the environment sets %s, each a source; give the one to read on the command line "+
+			"(--nats-url, --journal-url or --socket), which wins over the environment", strings.Join(fromEnv, " and "))
+	}
+	return nil
+}
+
 type printer struct {
-	w    *bufio.Writer
-	left int // 0: unlimited
+	w        *bufio.Writer
+	left     int // 0: unlimited
+	maxValue int // longest string value printed in full; 0: no limit
 }
 
 func (p *printer) print(env []byte) error {
+	if p.maxValue > 0 {
+		env = shortenValues(env, p.maxValue)
+	}
 	if _, err := p.w.Write(env); err != nil {
 		return err
 	}
@@ -272,4 +331,57 @@ func tailSocket(ctx context.Context, url, token string, topics []string, cursor 
 			return withCode(exitFailed, fmt.Errorf("the sync node refused: %s: %s", ev.Code, ev.Msg))
 		}
 	}
+}
+
+// shortenValues returns env with every JSON string value longer than max
+// bytes (decoded) cut to its first max bytes (whole UTF-8 characters) and a
+// note of how many bytes were left out. Object keys and everything else are
+// kept byte for byte, in their order. Input that is not JSON comes back
+// unchanged. It is for display only: what tail prints, never what walcast
+// stores or sends.
+func shortenValues(env []byte, max int) []byte {
+	if len(env) <= max {
+		return env
+	}
+	var out []byte // nil until the first cut
+	last := 0
+	for i := 0; i < len(env); i++ {
+		if env[i] != '"' {
+			continue
+		}
+		j := i + 1 // the closing quote
+		for ; j < len(env) && env[j] != '"'; j++ {
+			if env[j] == '\\' {
+				j++
+			}
+		}
+		if j >= len(env) {
+			return env // unterminated string: not JSON
+		}
+		lit := env[i : j+1]
+		k := j + 1
+		for k < len(env) && (env[k] == ' ' || env[k] == '\t' || env[k] == '\n' || env[k] == '\r') {
+			k++
+		}
+		isKey := k < len(env) && env[k] == ':'
+		var s string
+		if !isKey && len(lit)-2 > max && json.Unmarshal(lit, &s) == nil && len(s) > max {
+			cut := max
+			for cut > 0 && !utf8.RuneStart(s[cut]) {
+				cut--
+			}
+			var b bytes.Buffer
+			enc := json.NewEncoder(&b)
+			enc.SetEscapeHTML(false)
+			if enc.Encode(fmt.Sprintf("%s… [%d more bytes not shown; --max-value-bytes 0 prints them]", s[:cut], len(s)-cut)) == nil {
+				out = append(append(out, env[last:i]...), bytes.TrimRight(b.Bytes(), "\n")...)
+				last = j + 1
+			}
+		}
+		i = j
+	}
+	if out == nil {
+		return env
+	}
+	return append(out, env[last:]...)
 }

@@ -121,10 +121,10 @@ done
 grep -q 'msg=streaming' "$DIR/run.log" || { cat "$DIR/run.log" >&2; die "walcast run did not start streaming"; }
 
 say "walcast sync --console on 127.0.0.1:$SYNCPORT; its log is in $DIR/sync.log"
-command -v openssl >/dev/null 2>&1 || die "openssl not found (it signs the demo token): apt-get install -y openssl"
-JWT_SECRET=$(openssl rand -hex 32)
+random_hex() { od -An -tx1 -N32 /dev/urandom | tr -d ' \n'; }
+JWT_SECRET=$(random_hex)
 "$WALCAST_BIN" sync --console --journal-url "$URL" --nats-url "nats://127.0.0.1:$NATSPORT" \
-  --cursor-secret "$(openssl rand -hex 32)" --jwt-secret "$JWT_SECRET" \
+  --cursor-secret "$(random_hex)" --jwt-secret "$JWT_SECRET" \
   --listen "127.0.0.1:$SYNCPORT" --http-listen "127.0.0.1:$SYNCOPS" --log-format text >"$DIR/sync.log" 2>&1 &
 PIDS+=($!)
 SYNCPID=$!
@@ -134,15 +134,14 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 grep -q 'msg="console enabled"' "$DIR/sync.log" || { cat "$DIR/sync.log" >&2; die "walcast sync did not start its console"; }
-# A demo token (HS256, a day) for the demo's two tables.
-b64url() { openssl base64 -A | tr '+/' '-_' | tr -d '='; }
-JWT_HEAD=$(printf '{"alg":"HS256","typ":"JWT"}' | b64url)
-JWT_BODY=$(printf '{"sub":"demo","topics":["public.orders","public.customers"],"exp":%d}' $(($(date +%s) + 86400)) | b64url)
-JWT_SIG=$(printf '%s.%s' "$JWT_HEAD" "$JWT_BODY" | openssl dgst -sha256 -hmac "$JWT_SECRET" -binary | b64url)
-DEMO_TOKEN="$JWT_HEAD.$JWT_BODY.$JWT_SIG"
+# A demo token (HS256, a day) for the demo's two tables, signed with the
+# node's secret by walcast token.
+DEMO_TOKEN=$(WALCAST_JWT_SECRET="$JWT_SECRET" "$WALCAST_BIN" token --dev --sub demo --ttl 24h \
+  --topic public.orders,public.customers 2>/dev/null) || die "walcast token could not mint the demo token"
 console_help() {
   say "live console: http://127.0.0.1:$SYNCPORT/console/  (paste the token, topics public.orders, public.customers)"
   printf '   demo token: %s\n' "$DEMO_TOKEN" >&2
+  printf '   (minted with: WALCAST_JWT_SECRET=<the node'"'"'s secret> walcast token --dev --sub demo --ttl 24h --topic public.orders,public.customers)\n' >&2
 }
 # The node must accept the token it is shown with.
 exec 3<>"/dev/tcp/127.0.0.1/$SYNCPORT"
@@ -154,7 +153,7 @@ console_help
 
 COUNT=0
 [ -n "$NONINTERACTIVE" ] && COUNT=7
-say "walcast tail: every envelope published to NATS, one JSON line each"
+say "walcast tail: every envelope published to NATS, one JSON line each (values over 256 bytes cut for the screen)"
 "$WALCAST_BIN" tail --nats-url "nats://127.0.0.1:$NATSPORT" --count "$COUNT" &
 TAIL=$!
 PIDS+=($TAIL)
