@@ -1,6 +1,7 @@
-// The client's types: test/types compiles under tsc --strict (typed rows
-// need no casts; each @ts-expect-error there is a misuse the types must
-// refuse).
+// The client's types: test/types and the React test page
+// (test/browser/react-page.tsx, useLive<Item>) compile under tsc --strict
+// (typed rows need no casts; each @ts-expect-error is a misuse the types
+// must refuse).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
