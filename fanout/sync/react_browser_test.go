@@ -25,8 +25,9 @@ import (
 // them suspends until they are there); an insert, an update and a delete
 // made in SQL reach the page (through memo() tables, so only a new rows
 // array shows); after a reload, which resumes with a stored cursor, the
-// rows are there again and changes keep coming; unmounting the components
-// unsubscribes the topic.
+// rows are there again and changes keep coming; a component of a topic
+// the token does not grant shows the node's refusal; unmounting the
+// components unsubscribes the topic.
 func TestBrowserReact(t *testing.T) {
 	needJS(t, true)
 	if _, err := os.Stat(jsDir + "/node_modules/react-dom"); err != nil {
@@ -97,6 +98,7 @@ func TestBrowserReact(t *testing.T) {
 			Rows int
 		}
 		Fallbacks  int
+		Refused    string
 		Stored     string
 		Sent       []string
 		Errors     []string
@@ -115,6 +117,9 @@ func TestBrowserReact(t *testing.T) {
 		if i < len(out.Steps) && out.Steps[i].Rows != want {
 			t.Errorf("%s: the page showed %d rows, want %d", out.Steps[i].What, out.Steps[i].Rows, want)
 		}
+	}
+	if !strings.HasPrefix(out.Refused, "0 rows; forbidden: ") {
+		t.Errorf("the component of a topic the token does not grant shows %q, want its forbidden error", out.Refused)
 	}
 	if !slices.Contains(out.Sent, "unsub") {
 		t.Errorf("no unsub frame after unmount; the page sent %v", out.Sent)

@@ -2,7 +2,8 @@
 // by react.mjs with esbuild and a real React from npm (a development
 // build, under StrictMode: effects run twice, as in a developer's app).
 // Two components follow the topic with useLive: one checks status, the
-// other suspends until the rows are there. Both render the rows through a
+// other suspends until the rows are there; a third follows a topic the
+// token does not grant and shows the refusal. The first two render the rows through a
 // memo() table, which renders again only when it gets a new rows array, so
 // the DOM shows a change only if the hook handed out a new identity. The
 // client's WebSocket records the frames it sends (the test looks for the
@@ -98,6 +99,16 @@ function SuspendedItems() {
   );
 }
 
+/** A topic the token does not grant: the hook reports the node's refusal. */
+function Refused() {
+  const { status, error, rows } = useLive<Item>(client, 'public.refused', { keepAlive: 0 });
+  return (
+    <p id="refused" data-status={status}>
+      {rows.length} rows; {error?.code}: {error?.message}
+    </p>
+  );
+}
+
 function Fallback() {
   useEffect(() => {
     window.fallbacks++;
@@ -112,6 +123,7 @@ function App() {
   return (
     <>
       <Items />
+      <Refused />
       <Suspense fallback={<Fallback />}>
         <SuspendedItems />
       </Suspense>

@@ -91,6 +91,13 @@ try {
   const first = await state();
   if (first.status !== 'ready') throw new Error(`first load: status ${first.status}`);
   out.fallbacks = await page.evaluate(() => window.fallbacks);
+  // The component of a topic the token does not grant shows the refusal.
+  try {
+    await page.waitForFunction(() => document.getElementById('refused')?.dataset.status === 'error', null, { timeout: deadline });
+  } catch (e) {
+    throw new Error(`the refused topic: ${e.message}; the page: ${JSON.stringify(await state())}`);
+  }
+  out.refused = await page.evaluate(() => document.getElementById('refused').textContent);
   if (out.fallbacks < 1) throw new Error('the suspended component never showed its fallback');
 
   // 2. An insert, an update and a delete in SQL reach both components.
@@ -121,7 +128,8 @@ try {
     throw new Error(`after unmount: no unsub of ${topic}: ${e.message}; sent ${JSON.stringify(await page.evaluate(() => window.sent))}`);
   }
   out.sent = await page.evaluate(() => window.sent.map((f) => f.t));
-  out.errors = await page.evaluate(() => window.errors);
+  // Every error but the refused topic's.
+  out.errors = await page.evaluate(() => window.errors.filter((m) => !m.includes('public.refused')));
   out.pageErrors = pageErrors;
 } finally {
   await browser.close();
