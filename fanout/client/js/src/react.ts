@@ -64,9 +64,12 @@ interface Entry {
 
 const tables = new WeakMap<Client, Map<string, Entry>>();
 
-function initial(snapshot: boolean): LiveState<object> {
-  return { rows: [], byKey: new Map(), status: snapshot ? 'loading' : 'ready', ready: !snapshot, error: undefined };
-}
+/** The state before a component has subscribed: loading, or (snapshot false) ready with no rows. */
+const loading: LiveState<object> = Object.freeze({ rows: [], byKey: new Map(), status: 'loading', ready: false, error: undefined });
+const empty: LiveState<object> = Object.freeze({ rows: [], byKey: new Map(), status: 'ready', ready: true, error: undefined });
+const initial = (snapshot: boolean) => (snapshot ? loading : empty);
+
+const entryKey = (topic: string, snapshot: boolean) => (snapshot ? 'rows:' : 'changes:') + topic;
 
 /** start subscribes entry's table (again, after it was stopped). */
 function start(client: Client, topic: string, snapshot: boolean, e: Entry): void {
@@ -89,7 +92,7 @@ function start(client: Client, topic: string, snapshot: boolean, e: Entry): void
 }
 
 function acquire(client: Client, topic: string, snapshot: boolean, keepAlive: number): Entry {
-  const key = (snapshot ? 'rows:' : 'changes:') + topic;
+  const key = entryKey(topic, snapshot);
   const found = tables.get(client)?.get(key);
   if (found) return found;
   let settle = () => {};
@@ -118,22 +121,26 @@ function release(client: Client, e: Entry): void {
  * a transaction (or of one message) together — with a new `rows` array
  * and `byKey` Map each time, so memo() and effects that depend on them
  * see the change. Components of one client and topic share one
- * subscription and its rows; the topic is unsubscribed keepAlive ms after
- * the last of them unmounted. R types the rows (`useLive<Order>(…)`, with
+ * subscription and its rows (with the options of the component that
+ * started it); the topic is unsubscribed keepAlive ms after the last of
+ * them unmounted. R types the rows (`useLive<Order>(…)`, with
  * Order from `walcast types --lang ts`); it is not checked.
  *
  * Readiness: without `suspense`, check `status` (or `ready`) and render a
  * placeholder while 'loading'. With `suspense: true` the component
  * suspends until the rows are there, so a <Suspense fallback> shows
  * instead; the subscription is started by the first render and kept for
- * the retry.
+ * the retry. Without suspense it starts when the component has mounted,
+ * so a server render (getServerSnapshot: 'loading') opens nothing.
  */
 export function useLive<R extends object = Row>(client: Client, topic: string, opts: UseLiveOptions = {}): LiveState<R> {
   const snapshot = opts.snapshot ?? true;
   const keepAlive = opts.keepAlive ?? 1000;
-  const e = acquire(client, topic, snapshot, keepAlive);
+  // The subscription starts when the component subscribes (an effect:
+  // never in a server render), or, with suspense, at the first render.
   const subscribe = useCallback(
     (listener: () => void) => {
+      const e = acquire(client, topic, snapshot, keepAlive);
       e.refs++;
       if (e.timer !== undefined) {
         clearTimeout(e.timer);
@@ -146,13 +153,13 @@ export function useLive<R extends object = Row>(client: Client, topic: string, o
         if (--e.refs === 0) release(client, e);
       };
     },
-    [e, client, topic, snapshot],
+    [client, topic, snapshot, keepAlive],
   );
-  const get = () => e.state;
-  const state = useSyncExternalStore(subscribe, get, get) as LiveState<R>;
+  const get = () => tables.get(client)?.get(entryKey(topic, snapshot))?.state ?? initial(snapshot);
+  const state = useSyncExternalStore(subscribe, get, () => initial(snapshot)) as LiveState<R>;
   if (opts.suspense && !state.ready) {
     if (state.status === 'error') throw state.error;
-    throw e.settled;
+    throw acquire(client, topic, snapshot, keepAlive).settled;
   }
   return state;
 }
