@@ -66,7 +66,7 @@ unreachable journal.`,
 			for _, t := range tables {
 				s, n, err := parseTable(t)
 				if err != nil {
-					return err
+					return usageErrorf("types: --table %q is not schema.table (a bare name is in public; double-quote a name that holds a dot: public.\"a.b\")", t)
 				}
 				want[decoder.EntityName(s, n)] = true
 			}

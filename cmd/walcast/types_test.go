@@ -113,7 +113,7 @@ func TestTypes(t *testing.T) {
 	if code, _, e := walcast(t, nil, "types", "--lang", "ts", "--journal-url", url, "--table", "secret"); code != exitFailed || !strings.Contains(e, "no published table") {
 		t.Errorf("--table secret: exit %d, %q", code, e)
 	}
-	for _, args := range [][]string{{"types", "--journal-url", url}, {"types", "--lang", "go", "--journal-url", url}, {"types", "--lang", "ts"}} {
+	for _, args := range [][]string{{"types", "--journal-url", url}, {"types", "--lang", "go", "--journal-url", url}, {"types", "--lang", "ts"}, {"types", "--lang", "ts", "--journal-url", url, "--table", "a.b.c"}} {
 		if code, _, e := walcast(t, map[string]string{}, args...); code != exitUsage || e == "" {
 			t.Errorf("%v: exit %d, %q; want a usage error", args, code, e)
 		}
