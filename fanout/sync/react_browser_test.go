@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"os"
 	"os/exec"
@@ -39,7 +40,7 @@ func TestBrowserReact(t *testing.T) {
 	mux.Handle("/control/react/", http.StripPrefix("/control/react/", http.FileServer(http.Dir(bundle))))
 	mux.HandleFunc("GET /control/rows", func(w http.ResponseWriter, r *http.Request) {
 		var rows []byte
-		if err := pgxQueryRow(r.Context(), p.src, `SELECT coalesce(jsonb_agg(to_jsonb(i) ORDER BY id), '[]') FROM items i`, &rows); err != nil {
+		if err := reactQueryRow(r.Context(), p.src, `SELECT coalesce(jsonb_agg(to_jsonb(i) ORDER BY id), '[]') FROM items i`, &rows); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
@@ -69,7 +70,7 @@ func TestBrowserReact(t *testing.T) {
 		defer conn.Close(context.WithoutCancel(r.Context()))
 		tag, err := conn.Exec(r.Context(), sql, id)
 		if err == nil && tag.RowsAffected() != 1 {
-			err = errNoRow
+			err = errReactNoRow
 		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -130,15 +131,11 @@ func TestBrowserReact(t *testing.T) {
 	t.Logf("React page: %+v, suspense fallbacks %d, frames sent %v", out.Steps, out.Fallbacks, out.Sent)
 }
 
-// errNoRow: a change the control handler made touched no row.
-var errNoRow = errorString("the statement changed no row")
+// errReactNoRow: a change the control handler made touched no row.
+var errReactNoRow = errors.New("the statement changed no row")
 
-type errorString string
-
-func (e errorString) Error() string { return string(e) }
-
-// pgxQueryRow runs a one-value query on a connection of its own.
-func pgxQueryRow(ctx context.Context, url, sql string, dst any) error {
+// reactQueryRow runs a one-value query on a connection of its own.
+func reactQueryRow(ctx context.Context, url, sql string, dst any) error {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return err
