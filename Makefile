@@ -29,12 +29,16 @@ console:
 	cd $(JS) && { [ -d node_modules ] || npm ci --no-audit --no-fund; } && node scripts/bundle.mjs
 
 # Pack @walcast/client with the binary's version: a tag v1.2.3 gives 1.2.3,
-# anything else 0.0.0-dev.<git describe>. The tree keeps 0.0.0-dev.
+# anything else 0.0.0-dev.<git describe>. The tree keeps 0.0.0-dev. Works in
+# a clean checkout (creates bin/, runs npm ci when node_modules is missing)
+# and removes its temporary copy whether or not npm pack succeeds.
 js-pack:
 	@v='$(VERSION)'; case "$$v" in v[0-9]*.[0-9]*.[0-9]*) v=$${v#v};; *) v=0.0.0-dev.$$(echo "$$v" | tr -c 'A-Za-z0-9.\n-' '-');; esac; \
-	d=$$(mktemp -d) && cp -r $(JS)/package.json $(JS)/package-lock.json $(JS)/tsconfig.json $(JS)/README.md $(JS)/src $(JS)/console $$d/ && \
+	mkdir -p $(CURDIR)/bin && d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
+	{ [ -d $(JS)/node_modules ] || (cd $(JS) && npm ci --no-audit --no-fund); } && \
+	cp -r $(JS)/package.json $(JS)/package-lock.json $(JS)/tsconfig.json $(JS)/README.md $(JS)/src $(JS)/console $$d/ && \
 	ln -s $(CURDIR)/$(JS)/node_modules $$d/node_modules && \
-	(cd $$d && npm pkg set version=$$v && sed -i "s/'0.0.0-dev'/'$$v'/" src/version.ts && npm pack --pack-destination $(CURDIR)/bin) && rm -rf $$d
+	(cd $$d && npm pkg set version=$$v && sed -i "s/'0.0.0-dev'/'$$v'/" src/version.ts && npm pack --pack-destination $(CURDIR)/bin)
 
 # Regenerate the command and flag reference from the command tree:
 # docs/reference (one page per command) and the README's flag tables.

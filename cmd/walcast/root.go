@@ -89,7 +89,7 @@ Every flag can also be set with an environment variable WALCAST_<FLAG>, e.g.
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return usageErrorf("%v\nRun '%s --help' for usage.", err, cmd.CommandPath())
 	})
-	root.AddCommand(newVersionCmd(), newVerifyCmd(env), newRunCmd(env), newTailCmd(env), newSyncCmd(env), newSlotCmd(env), newSnapshotCmd(env), newHealthcheckCmd(), newTokenCmd())
+	root.AddCommand(newVersionCmd(), newVerifyCmd(env), newRunCmd(env), newTailCmd(env), newSyncCmd(env), newSlotCmd(env), newSnapshotCmd(env), newTypesCmd(env), newHealthcheckCmd(), newTokenCmd())
 	annotateEnv(root)
 	return root
 }

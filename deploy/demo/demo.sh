@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # walcast demo: a throwaway PostgreSQL 15, `walcast verify`, `walcast run` with
-# its embedded NATS server, `walcast sync --console` (a sync node with the live
-# console; the script prints its URL and a demo token), and `walcast tail`
-# printing every envelope while this script makes direct-SQL writes. Ctrl-C
-# stops everything it started.
+# its embedded NATS server, `walcast sync --console --database-url` (a sync
+# node with the live console that also serves tables' rows), an example page
+# on @walcast/client's live() (the script prints its URL, the console's and a
+# demo token), and `walcast tail` printing every envelope while this script
+# makes direct-SQL writes. Ctrl-C stops everything it started.
 #
 #   make demo                         # interactive: keeps running until Ctrl-C
 #   DEMO_NONINTERACTIVE=1 make demo   # CI: exits once every envelope arrived
@@ -63,6 +64,8 @@ NATSPORT=$(free_port 4222)
 HTTPPORT=$(free_port 9187)
 SYNCPORT=$(free_port 8080)
 SYNCOPS=$(free_port 9288)
+PAGEPORT=$(free_port 8000)
+HERE=$(cd "$(dirname "$0")" && pwd)
 PIDS=()
 
 cleanup() {
@@ -120,11 +123,12 @@ for _ in $(seq 1 100); do
 done
 grep -q 'msg=streaming' "$DIR/run.log" || { cat "$DIR/run.log" >&2; die "walcast run did not start streaming"; }
 
-say "walcast sync --console on 127.0.0.1:$SYNCPORT; its log is in $DIR/sync.log"
+say "walcast sync --console --database-url on 127.0.0.1:$SYNCPORT; its log is in $DIR/sync.log"
 random_hex() { od -An -tx1 -N32 /dev/urandom | tr -d ' \n'; }
 JWT_SECRET=$(random_hex)
 "$WALCAST_BIN" sync --console --journal-url "$URL" --nats-url "nats://127.0.0.1:$NATSPORT" \
   --cursor-secret "$(random_hex)" --jwt-secret "$JWT_SECRET" \
+  --database-url "$URL" --allowed-origins "http://127.0.0.1:$PAGEPORT" \
   --listen "127.0.0.1:$SYNCPORT" --http-listen "127.0.0.1:$SYNCOPS" --log-format text >"$DIR/sync.log" 2>&1 &
 PIDS+=($!)
 SYNCPID=$!
@@ -134,14 +138,16 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 grep -q 'msg="console enabled"' "$DIR/sync.log" || { cat "$DIR/sync.log" >&2; die "walcast sync did not start its console"; }
-# A demo token (HS256, a day) for the demo's two tables, signed with the
-# node's secret by walcast token.
-DEMO_TOKEN=$(WALCAST_JWT_SECRET="$JWT_SECRET" "$WALCAST_BIN" token --dev --sub demo --ttl 24h \
+# A demo token (HS256, a day) for the demo's two tables, their rows included
+# (the snapshot claim: live() asks for the current rows first), signed with
+# the node's secret by walcast token.
+DEMO_TOKEN=$(WALCAST_JWT_SECRET="$JWT_SECRET" "$WALCAST_BIN" token --dev --sub demo --ttl 24h --snapshot \
   --topic public.orders,public.customers 2>/dev/null) || die "walcast token could not mint the demo token"
 console_help() {
+  [ -n "$PAGE" ] && say "example page (live() of both tables): http://127.0.0.1:$PAGEPORT/#node=http://127.0.0.1:$SYNCPORT&token=$DEMO_TOKEN"
   say "live console: http://127.0.0.1:$SYNCPORT/console/  (paste the token, topics public.orders, public.customers)"
   printf '   demo token: %s\n' "$DEMO_TOKEN" >&2
-  printf '   (minted with: WALCAST_JWT_SECRET=<the node'"'"'s secret> walcast token --dev --sub demo --ttl 24h --topic public.orders,public.customers)\n' >&2
+  printf '   (minted with: WALCAST_JWT_SECRET=<the node'"'"'s secret> walcast token --dev --sub demo --ttl 24h --snapshot --topic public.orders,public.customers)\n' >&2
 }
 # The node must accept the token it is shown with.
 exec 3<>"/dev/tcp/127.0.0.1/$SYNCPORT"
@@ -149,6 +155,29 @@ printf 'GET /console/stats HTTP/1.0\r\nAuthorization: Bearer %s\r\n\r\n' "$DEMO_
 STATUS=$(head -1 <&3)
 exec 3<&-
 case "$STATUS" in *" 200 "*) ;; *) cat "$DIR/sync.log" >&2; die "the sync node refused the demo token: $STATUS" ;; esac
+
+# The example page and the client's one-file bundle (the package's API, as
+# `walcast sync --console` embeds it), on a static server of their own: a
+# page of another origin, as an application's would be.
+PAGE=
+if command -v python3 >/dev/null 2>&1; then
+  mkdir -p "$DIR/page"
+  cp "$HERE/page/index.html" "$HERE/../../fanout/sync/console/walcast.js" "$DIR/page/"
+  python3 -m http.server --bind 127.0.0.1 --directory "$DIR/page" "$PAGEPORT" >"$DIR/page.log" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 1 50); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$PAGEPORT") 2>/dev/null && { PAGE=1; break; }
+    sleep 0.1
+  done
+  [ -n "$PAGE" ] || { cat "$DIR/page.log" >&2; die "the example page's server did not start"; }
+  exec 3<>"/dev/tcp/127.0.0.1/$PAGEPORT"
+  printf 'GET /walcast.js HTTP/1.0\r\n\r\n' >&3
+  STATUS=$(head -1 <&3)
+  exec 3<&-
+  case "$STATUS" in *" 200 "*) ;; *) cat "$DIR/page.log" >&2; die "the example page's server does not serve the client: $STATUS" ;; esac
+else
+  say "python3 not found: the example page is not served (the console is)"
+fi
 console_help
 
 COUNT=0

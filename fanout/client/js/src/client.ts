@@ -1,5 +1,5 @@
 import { Backoff, type BackoffOptions } from './backoff.js';
-import { closeAction, type ClientFrame, type Envelope, type ServerFrame } from './frames.js';
+import { closeAction, type ClientFrame, type Envelope, type Row, type ServerFrame } from './frames.js';
 import { MemoryCursorStore, type CursorStore } from './store.js';
 import { WalcastError } from './errors.js';
 import { live, type LiveOptions, type LiveTable } from './live.js';
@@ -89,10 +89,13 @@ export interface ClientOptions {
 
 export type ClientState = 'connecting' | 'open' | 'waiting' | 'offline' | 'closed' | 'failed';
 
-/** Callbacks of one subscription. */
-export interface Handlers {
+/**
+ * Callbacks of one subscription; R is the row type of the topic's table
+ * (default Row, any column map).
+ */
+export interface Handlers<R extends object = Row> {
   /** A change, once, in order (duplicates by seq are dropped). */
-  onChange?(change: Envelope, cursor: string): void;
+  onChange?(change: Envelope<R>, cursor: string): void;
   /** The node confirmed the subscription; the stream starts after cursor. */
   onSubscribed?(cursor: string): void;
   /** The topic's state must be read again; changes continue after cursor. */
@@ -102,7 +105,7 @@ export interface Handlers {
   /** A snapshot starts: rows follow, then onSnapshotEnd. */
   onSnapshotBegin?(): void;
   /** A row of the snapshot (an envelope with op "read"). */
-  onRow?(row: Envelope): void;
+  onRow?(row: Envelope<R>): void;
   onSnapshotEnd?(cursor: string): void;
   /** A node error frame about this topic (forbidden, bad-topic …). */
   onError?(err: WalcastError): void;
@@ -222,8 +225,10 @@ export class Client {
   /**
    * subscribe follows topic (schema.table) and returns the function that
    * unsubscribes. Several subscriptions of one topic share the node's.
+   * R types the rows of the handlers' envelopes (`subscribe<Order>(…)`);
+   * the client does not check them.
    */
-  subscribe(topic: string, opts: SubscribeOptions = {}, handlers: Handlers = {}): () => void {
+  subscribe<R extends object = Row>(topic: string, opts: SubscribeOptions = {}, handlers: Handlers<R> = {}): () => void {
     let st = this.topics.get(topic);
     let send = false;
     if (!st) {
@@ -261,9 +266,9 @@ export class Client {
     };
   }
 
-  /** live keeps topic's rows current (see live()). */
-  live(topic: string, opts: LiveOptions = {}): LiveTable {
-    return live(this, topic, opts);
+  /** live keeps topic's rows current (see live()); R types its rows. */
+  live<R extends object = Row>(topic: string, opts: LiveOptions<R> = {}): LiveTable<R> {
+    return live<R>(this, topic, opts);
   }
 
   /** The cursor the client would resume topic from. */

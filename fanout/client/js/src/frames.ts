@@ -17,8 +17,14 @@ export type Op =
 /** A column map: column name → its JSON value. */
 export type Row = Record<string, unknown>;
 
-/** One journaled change as the node delivers it. */
-export interface Envelope {
+/**
+ * One journaled change as the node delivers it. R is the row type of its
+ * table (`walcast types --lang ts` generates one per published table;
+ * default Row): key, before and after hold some of its columns — the key
+ * columns, the old row as the replica identity sends it, and the new row
+ * without the columns listed in unchanged.
+ */
+export interface Envelope<R extends object = Row> {
   seq?: number;
   entitySeq?: number;
   lsn: string;
@@ -27,9 +33,9 @@ export interface Envelope {
   commitTime: string;
   entity?: string;
   op: Op;
-  key?: Row;
-  before?: Row;
-  after?: Row;
+  key?: Partial<R>;
+  before?: Partial<R>;
+  after?: Partial<R>;
   /** Columns whose value did not change and was not sent (TOAST). */
   unchanged?: string[];
   beforeJsonNull?: string[];

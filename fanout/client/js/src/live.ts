@@ -2,15 +2,15 @@ import type { Client, Handlers } from './client.js';
 import type { Envelope, Row } from './frames.js';
 import type { WalcastError } from './errors.js';
 
-/** What happened to a live table's rows. */
-export type LiveEvent =
-  | { type: 'upsert'; key: string; row: Row; change: Envelope }
-  | { type: 'delete'; key: string; change: Envelope }
-  | { type: 'clear'; change?: Envelope }
+/** What happened to a live table's rows (R: the row type, default Row). */
+export type LiveEvent<R extends object = Row> =
+  | { type: 'upsert'; key: string; row: R; change: Envelope<R> }
+  | { type: 'delete'; key: string; change: Envelope<R> }
+  | { type: 'clear'; change?: Envelope<R> }
   | { type: 'snapshot'; rows: number }
   | { type: 'resync' };
 
-export interface LiveOptions {
+export interface LiveOptions<R extends object = Row> {
   /** Ask the node for the current rows first (default true). */
   snapshot?: boolean;
   /**
@@ -21,7 +21,7 @@ export interface LiveOptions {
    * batch of only a resync passes the unchanged one), never changed after
    * it is passed: keep it as state (React's setState sees the change).
    */
-  onChange?(rows: ReadonlyMap<string, Row>, events: LiveEvent[]): void;
+  onChange?(rows: ReadonlyMap<string, R>, events: LiveEvent<R>[]): void;
   /**
    * When a batch of changes is delivered: after the current task by default
    * (queueMicrotask: the frames of one message, or of one read of an event
@@ -32,26 +32,28 @@ export interface LiveOptions {
   onError?(err: WalcastError): void;
 }
 
-export interface LiveTable {
+export interface LiveTable<R extends object = Row> {
   /** key → row, as of the last applied change; keys are rowKey() of the key columns. */
-  readonly rows: ReadonlyMap<string, Row>;
+  readonly rows: ReadonlyMap<string, R>;
   /** Whether the snapshot (when asked for) has been received. */
   readonly ready: boolean;
   stop(): void;
 }
 
 /** rowKey is a stable string for a key object: JSON with sorted columns. */
-export function rowKey(key: Row): string {
-  const cols = Object.keys(key).sort();
-  return JSON.stringify(cols.map((c) => [c, key[c]]));
+export function rowKey(key: object): string {
+  const k = key as Row;
+  const cols = Object.keys(k).sort();
+  return JSON.stringify(cols.map((c) => [c, k[c]]));
 }
 
-function pick(row: Row | undefined, cols: string[]): Row | undefined {
+function pick(row: object | undefined, cols: string[]): Row | undefined {
   if (!row) return undefined;
+  const r = row as Row;
   const out: Row = {};
   for (const c of cols) {
-    if (!(c in row)) return undefined;
-    out[c] = row[c];
+    if (!(c in r)) return undefined;
+    out[c] = r[c];
   }
   return out;
 }
@@ -64,17 +66,20 @@ function pick(row: Row | undefined, cols: string[]): Row | undefined {
  * replaces the rows with the node's: rows the new snapshot does not name
  * are removed at its end. The rows are copied on write: every batch gets a
  * new Map, and a Map once handed out never changes.
+ *
+ * R is the row type (`live<Order>(client, 'public.orders')`, with Order
+ * from `walcast types --lang ts`); it is not checked against the rows.
  */
-export function live(client: Client, topic: string, opts: LiveOptions = {}): LiveTable {
+export function live<R extends object = Row>(client: Client, topic: string, opts: LiveOptions<R> = {}): LiveTable<R> {
   /** The rows last handed out (or the empty start). */
-  let rows: Map<string, Row> = new Map();
+  let rows: Map<string, R> = new Map();
   /** The rows the pending change batch is building (a copy of rows). */
-  let draft: Map<string, Row> | undefined;
+  let draft: Map<string, R> | undefined;
   /** The rows of the snapshot being read (a copy of rows); keys it named. */
-  let snap: Map<string, Row> | undefined;
+  let snap: Map<string, R> | undefined;
   let seen: Set<string> | undefined;
   let ready = !(opts.snapshot ?? true);
-  let pending: LiveEvent[] = [];
+  let pending: LiveEvent<R>[] = [];
   let queued = false;
   let stopped = false;
   const schedule = opts.schedule ?? queueMicrotask;
@@ -88,7 +93,7 @@ export function live(client: Client, topic: string, opts: LiveOptions = {}): Liv
     pending = [];
     opts.onChange?.(rows, events);
   };
-  const push = (ev: LiveEvent) => {
+  const push = (ev: LiveEvent<R>) => {
     pending.push(ev);
     if (queued) return;
     queued = true;
@@ -96,9 +101,9 @@ export function live(client: Client, topic: string, opts: LiveOptions = {}): Liv
   };
 
   /** apply changes the map a change goes to: the snapshot's while one is read (its events are not listed). */
-  const apply = (ch: Envelope) => {
+  const apply = (ch: Envelope<R>) => {
     const m = snap ?? (draft ??= new Map(rows));
-    const emit = (ev: LiveEvent) => {
+    const emit = (ev: LiveEvent<R>) => {
       if (!snap) push(ev);
     };
     switch (ch.op) {
@@ -115,7 +120,7 @@ export function live(client: Client, topic: string, opts: LiveOptions = {}): Liv
             if (ok !== k && m.has(ok)) {
               const prev = m.get(ok)!;
               m.delete(ok);
-              const row = { ...prev, ...ch.after };
+              const row = { ...prev, ...ch.after } as R;
               m.set(k, row);
               seen?.add(k);
               emit({ type: 'delete', key: ok, change: ch });
@@ -124,7 +129,9 @@ export function live(client: Client, topic: string, opts: LiveOptions = {}): Liv
             }
           }
         }
-        const row = { ...(ch.op === 'update' ? m.get(k) : undefined), ...ch.after };
+        // A row is whole once inserted or read; an update's after lacks
+        // only its unchanged columns, which the row keeps.
+        const row = { ...(ch.op === 'update' ? m.get(k) : undefined), ...ch.after } as R;
         m.set(k, row);
         seen?.add(k);
         emit({ type: 'upsert', key: k, row, change: ch });
@@ -145,7 +152,7 @@ export function live(client: Client, topic: string, opts: LiveOptions = {}): Liv
     }
   };
 
-  const handlers: Handlers = {
+  const handlers: Handlers<R> = {
     onChange: apply,
     onRow: (row) => {
       // Rows of a snapshot whose beginning this table did not see are partial.
@@ -173,7 +180,7 @@ export function live(client: Client, topic: string, opts: LiveOptions = {}): Liv
     onResync: () => push({ type: 'resync' }),
     onError: (e) => opts.onError?.(e),
   };
-  const unsubscribe = client.subscribe(topic, { snapshot: opts.snapshot ?? true }, handlers);
+  const unsubscribe = client.subscribe<R>(topic, { snapshot: opts.snapshot ?? true }, handlers);
   return {
     get rows() {
       return draft ?? rows;

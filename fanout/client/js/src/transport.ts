@@ -3,14 +3,21 @@ import type { ClientFrame, ServerFrame } from './frames.js';
 /** The part of the WebSocket API the client uses (browsers, Node 22, `ws`). */
 export interface WebSocketLike {
   readonly readyState: number;
-  onopen: ((ev: unknown) => void) | null;
-  onmessage: ((ev: { data: unknown }) => void) | null;
-  onclose: ((ev: { code: number; reason: string }) => void) | null;
-  onerror: ((ev: unknown) => void) | null;
+  onopen: Handler<unknown> | null;
+  onmessage: Handler<{ data: unknown }> | null;
+  onclose: Handler<{ code: number; reason: string }> | null;
+  onerror: Handler<unknown> | null;
   send(data: string): void;
   close(code?: number, reason?: string): void;
 }
 export type WebSocketCtor = new (url: string) => WebSocketLike;
+
+/**
+ * An event handler property, checked like a method parameter (bivariantly),
+ * so the browser's WebSocket — whose handlers take an Event, a MessageEvent,
+ * a CloseEvent — and subclasses of it are WebSocketLike.
+ */
+type Handler<E> = { bivarianceHack(ev: E): void }['bivarianceHack'];
 
 /** fetch, as browsers and Node 18+ have it. */
 export type FetchLike = (url: string, init: { headers: Record<string, string>; signal: AbortSignal }) => Promise<{

@@ -1,0 +1,137 @@
+// The driver of TestBrowserReact (fanout/sync/react_browser_test.go),
+// started with the whole pipeline running behind WALCAST_BASE (the sync
+// node, this directory at /test/, tokens at /token) and the test's own
+// handler at /control/: GET /control/rows answers the table's rows,
+// POST /control/change?op=insert|update|delete&id= changes one in SQL,
+// and /control/react/ serves WALCAST_REACT_DIR, where this driver first
+// bundles react-page.tsx with esbuild and the React of node_modules.
+// Each step waits for the page's DOM with a deadline, never a sleep; a
+// step that fails throws, saying what the page showed. It prints one JSON
+// line of what it saw, for the Go test.
+import { build } from 'esbuild';
+import { chromium } from 'playwright-core';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const root = join(here, '../..');
+const base = process.env.WALCAST_BASE;
+const topic = process.env.WALCAST_TOPIC;
+const deadline = 30_000;
+
+await build({
+  entryPoints: [join(here, 'react-page.tsx')],
+  outfile: join(process.env.WALCAST_REACT_DIR, 'page.js'),
+  bundle: true,
+  format: 'esm',
+  target: 'es2020',
+  jsx: 'automatic',
+  define: { 'process.env.NODE_ENV': '"development"' },
+  alias: { '@walcast/client/react': join(root, 'src/react.ts'), '@walcast/client': join(root, 'src/index.ts') },
+  logLevel: 'warning',
+});
+
+const control = async (path, method = 'GET') => {
+  const r = await fetch(`${base}/control/${path}`, { method });
+  if (!r.ok) throw new Error(`control ${path}: ${r.status} ${await r.text()}`);
+  return r.json();
+};
+// canon is rows as one string: ordered by id, each row's columns by name
+// (the page compares with the same function).
+const canon = (rows) =>
+  JSON.stringify([...rows].sort((a, b) => a.id - b.id).map((r) => Object.keys(r).sort().map((k) => [k, r[k]])));
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
+    '--disable-component-update', '--disable-sync'],
+});
+const out = { steps: [] };
+try {
+  const page = await browser.newPage();
+  const pageErrors = [];
+  page.on('pageerror', (e) => pageErrors.push(e.message));
+  const shown = (id) =>
+    page.evaluate((id) => [...document.querySelectorAll(`#${id} tr[data-row]`)].map((tr) => JSON.parse(tr.dataset.row)), id);
+  const state = () =>
+    page.evaluate(() => ({
+      status: document.getElementById('status')?.textContent,
+      error: document.getElementById('error')?.textContent,
+      items: document.querySelectorAll('#items tr').length,
+      suspended: document.querySelectorAll('#suspended tr').length,
+      fallback: !!document.getElementById('fallback'),
+      clientState: window.client?.state,
+      errors: window.errors,
+    }));
+  // matches waits until both tables of the page show the table's rows.
+  const matches = async (what) => {
+    const want = canon(await control('rows'));
+    try {
+      await page.waitForFunction(
+        (want) => {
+          const rows = (id) => [...document.querySelectorAll(`#${id} tr[data-row]`)].map((tr) => JSON.parse(tr.dataset.row));
+          const canon = (rows) =>
+            JSON.stringify([...rows].sort((a, b) => a.id - b.id).map((r) => Object.keys(r).sort().map((k) => [k, r[k]])));
+          return canon(rows('items')) === want && canon(rows('suspended')) === want;
+        },
+        want,
+        { timeout: deadline },
+      );
+    } catch (e) {
+      throw new Error(`${what}: the page does not show the table's ${JSON.parse(want).length} rows: ${e.message}; ` +
+        `the page: ${JSON.stringify(await state())}; page errors: ${JSON.stringify(pageErrors)}`);
+    }
+    out.steps.push({ what, rows: (await shown('items')).length });
+  };
+
+  // 1. The rows appear: the suspended component showed its fallback
+  // first; the status reads ready.
+  await page.goto(`${base}/test/react.html?topic=${encodeURIComponent(topic)}`);
+  await matches('first load');
+  const first = await state();
+  if (first.status !== 'ready') throw new Error(`first load: status ${first.status}`);
+  out.fallbacks = await page.evaluate(() => window.fallbacks);
+  // The component of a topic the token does not grant shows the refusal.
+  try {
+    await page.waitForFunction(() => document.getElementById('refused')?.dataset.status === 'error', null, { timeout: deadline });
+  } catch (e) {
+    throw new Error(`the refused topic: ${e.message}; the page: ${JSON.stringify(await state())}`);
+  }
+  out.refused = await page.evaluate(() => document.getElementById('refused').textContent);
+  if (out.fallbacks < 1) throw new Error('the suspended component never showed its fallback');
+
+  // 2. An insert, an update and a delete in SQL reach both components.
+  await control('change?op=insert&id=5001', 'POST');
+  await matches('after an insert');
+  await control('change?op=update&id=5001', 'POST');
+  await matches('after an update');
+  await control('change?op=update&id=3', 'POST');
+  await control('change?op=delete&id=4', 'POST');
+  await matches('after an update and a delete');
+
+  // 3. A reload resumes with the cursor in localStorage and still gets
+  // the rows; later changes keep arriving.
+  await page.reload();
+  await matches('after a reload');
+  out.stored = await page.evaluate(() => window.stored);
+  if (!out.stored) throw new Error('the reloaded page had no stored cursor, so the reload proved nothing');
+  await control('change?op=insert&id=5002', 'POST');
+  await control('change?op=delete&id=5001', 'POST');
+  await matches('after a reload, an insert and a delete');
+
+  // 4. Unmounting the components unsubscribes the topic.
+  await page.evaluate(() => window.unmount());
+  try {
+    await page.waitForFunction((topic) => window.sent.some((f) => f.t === 'unsub' && f.topic === topic) && window.client.cursor(topic) === undefined,
+      topic, { timeout: deadline });
+  } catch (e) {
+    throw new Error(`after unmount: no unsub of ${topic}: ${e.message}; sent ${JSON.stringify(await page.evaluate(() => window.sent))}`);
+  }
+  out.sent = await page.evaluate(() => window.sent.map((f) => f.t));
+  // Every error but the refused topic's.
+  out.errors = await page.evaluate(() => window.errors.filter((m) => !m.includes('public.refused')));
+  out.pageErrors = pageErrors;
+} finally {
+  await browser.close();
+}
+console.log(JSON.stringify(out));
