@@ -64,6 +64,66 @@ type browserPipeline struct {
 	base string // the node's URL, http://127.0.0.1:port
 	// tokens counts the tokens /token issued.
 	tokens atomic.Int64
+
+	// mu guards node and srv across restart.
+	mu       sync.Mutex
+	srv      *http.Server
+	served   chan struct{}
+	openNode func() (*Node, error)
+	mux      *http.ServeMux
+	handler  http.Handler // the node's, with its console
+	restarts int
+}
+
+// stop closes the node (its sockets first) and its HTTP server.
+func (p *browserPipeline) stop() {
+	p.mu.Lock()
+	node, srv, served := p.node, p.srv, p.served
+	p.mu.Unlock()
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer scancel()
+	node.Close()
+	_ = srv.Shutdown(sctx)
+	<-served
+}
+
+// serve starts the node's HTTP server on ln.
+func (p *browserPipeline) serve(ln net.Listener) {
+	p.handler = p.node.HandlerWithConsole()
+	p.srv = p.node.HTTPServer()
+	p.srv.Handler = p.mux
+	served := make(chan struct{})
+	p.served = served
+	srv := p.srv
+	go func() { defer close(served); _ = srv.Serve(ln) }()
+}
+
+// restart stops the sync node and starts a new one on the same address,
+// as an operator's restart would: every socket is closed, and clients
+// come back to a node that knows nothing of them but their cursors.
+func (p *browserPipeline) restart() error {
+	p.stop()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n, err := p.openNode()
+	if err != nil {
+		return err
+	}
+	var ln net.Listener
+	for i := 0; ; i++ {
+		ln, err = net.Listen("tcp", strings.TrimPrefix(p.base, "http://"))
+		if err == nil {
+			break
+		}
+		if i == 50 {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	p.node = n
+	p.restarts++
+	p.serve(ln)
+	return nil
 }
 
 func newBrowserPipeline(t *testing.T, control http.Handler) *browserPipeline {
@@ -103,9 +163,12 @@ func newBrowserPipeline(t *testing.T, control http.Handler) *browserPipeline {
 	// The page pings every second and each frame it sends checks exp: a
 	// socket whose token is not refreshed is closed (4100) within a second
 	// of exp plus the leeway.
-	p.node, err = Open(ctx, Config{NATS: bus.NATSConfig{URL: ns.URL()}, Journal: j, Auth: auth,
-		State:  StateConfig{SourceURL: p.src, MaxConcurrent: 2},
-		Logger: logger})
+	p.openNode = func() (*Node, error) {
+		return Open(ctx, Config{NATS: bus.NATSConfig{URL: ns.URL()}, Journal: j, Auth: auth,
+			State:  StateConfig{SourceURL: p.src, MaxConcurrent: 2},
+			Logger: logger})
+	}
+	p.node, err = p.openNode()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,22 +194,23 @@ func newBrowserPipeline(t *testing.T, control http.Handler) *browserPipeline {
 		_, _ = w.Write([]byte(s))
 	})
 	mux.Handle("/control/", control)
-	mux.Handle("/", p.node.HandlerWithConsole())
+	// The node's handlers are asked for on each request: a restart
+	// replaces the node.
+	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p.mu.Lock()
+		h := p.handler
+		p.mu.Unlock()
+		h.ServeHTTP(w, r)
+	}))
+	p.mux = mux
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.base = "http://" + ln.Addr().String()
-	srv := p.node.HTTPServer()
-	srv.Handler = mux
-	served := make(chan struct{})
-	go func() { defer close(served); _ = srv.Serve(ln) }()
+	p.serve(ln)
 	t.Cleanup(func() {
-		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer scancel()
-		p.node.Close()
-		_ = srv.Shutdown(sctx)
-		<-served
+		p.stop()
 		cancel()
 		wg.Wait()
 		pubConn.Close()

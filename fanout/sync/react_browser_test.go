@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // TestBrowserReact drives Debian's Chromium through a React page
@@ -27,8 +28,11 @@ import (
 // made in SQL reach the page (through memo() tables, so only a new rows
 // array shows); after a reload, which resumes with a stored cursor, the
 // rows are there again and changes keep coming; a component of a topic
-// the token does not grant shows the node's refusal; unmounting the
-// components unsubscribes the topic.
+// the token does not grant shows the node's refusal; a TRUNCATE with new
+// rows in the same transaction leaves exactly the new rows (the node
+// answers it with a snapshot); after the sync node restarts, the page is
+// back in step with the table; tokens of 2 to 3 s are refreshed on the
+// socket throughout; unmounting the components unsubscribes the topic.
 func TestBrowserReact(t *testing.T) {
 	needJS(t, true)
 	if _, err := os.Stat(jsDir + "/node_modules/react-dom"); err != nil {
@@ -57,9 +61,10 @@ func TestBrowserReact(t *testing.T) {
 			"insert": `INSERT INTO items VALUES ($1, 'react', 1)`,
 			"update": `UPDATE items SET val = val || '+', n = n + 1 WHERE id = $1`,
 			"delete": `DELETE FROM items WHERE id = $1`,
+			"truncate": `BEGIN; TRUNCATE items; INSERT INTO items SELECT g, 'after', g FROM generate_series(100, 105) g; COMMIT`,
 		}[r.URL.Query().Get("op")]
 		if !ok {
-			http.Error(w, "op: insert, update or delete", http.StatusBadRequest)
+			http.Error(w, "op: insert, update, delete or truncate", http.StatusBadRequest)
 			return
 		}
 		conn, err := pgx.Connect(r.Context(), p.src)
@@ -68,9 +73,14 @@ func TestBrowserReact(t *testing.T) {
 			return
 		}
 		defer conn.Close(context.WithoutCancel(r.Context()))
-		tag, err := conn.Exec(r.Context(), sql, id)
-		if err == nil && tag.RowsAffected() != 1 {
-			err = errReactNoRow
+		if r.URL.Query().Get("op") == "truncate" {
+			_, err = conn.Exec(r.Context(), sql) // no arguments: one query string, one transaction
+		} else {
+			var tag pgconn.CommandTag
+			tag, err = conn.Exec(r.Context(), sql, id)
+			if err == nil && tag.RowsAffected() != 1 {
+				err = errReactNoRow
+			}
 		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -78,6 +88,21 @@ func TestBrowserReact(t *testing.T) {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte("{}"))
+	})
+	restarted := make(chan error, 1)
+	mux.HandleFunc("POST /control/restart", func(w http.ResponseWriter, r *http.Request) {
+		// Answered first: the restart shuts down the server this request
+		// came through.
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte("{}"))
+		go func() { restarted <- p.restart() }()
+	})
+	mux.HandleFunc("GET /control/restarts", func(w http.ResponseWriter, r *http.Request) {
+		p.mu.Lock()
+		n := p.restarts
+		p.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"restarts":` + strconv.Itoa(n) + `}`))
 	})
 	p = newBrowserPipeline(t, mux)
 	p.seed(t, `INSERT INTO items SELECT g, 'seed', g FROM generate_series(1, 20) g`)
@@ -99,6 +124,8 @@ func TestBrowserReact(t *testing.T) {
 			Rows int
 		}
 		Fallbacks  int
+		Restarts   int
+		Refreshes  int
 		Refused    string
 		Stored     string
 		Sent       []string
@@ -109,18 +136,35 @@ func TestBrowserReact(t *testing.T) {
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &out); err != nil {
 		t.Fatalf("driver output: %v\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
 	}
-	if len(out.Steps) != 6 {
-		t.Errorf("the driver passed %d of 6 steps: %+v", len(out.Steps), out.Steps)
+	select {
+	case err := <-restarted:
+		if err != nil {
+			t.Fatalf("restarting the sync node: %v", err)
+		}
+	default:
+		t.Error("the sync node was never restarted")
+	}
+	if len(out.Steps) != 9 {
+		t.Errorf("the driver passed %d of 9 steps: %+v", len(out.Steps), out.Steps)
 	}
 	// The seed (20 rows and the pipeline's row 0), one insert, one
-	// delete, then one insert and one delete.
-	for i, want := range []int{21, 22, 22, 21, 21, 21} {
+	// delete, then one insert and one delete; the truncate's 6 rows, and
+	// one more, one less.
+	for i, want := range []int{21, 22, 22, 21, 21, 21, 6, 7, 6} {
 		if i < len(out.Steps) && out.Steps[i].Rows != want {
 			t.Errorf("%s: the page showed %d rows, want %d", out.Steps[i].What, out.Steps[i].Rows, want)
 		}
 	}
 	if !strings.HasPrefix(out.Refused, "0 rows; forbidden: ") {
 		t.Errorf("the component of a topic the token does not grant shows %q, want its forbidden error", out.Refused)
+	}
+	if out.Restarts != 1 {
+		t.Errorf("the page saw %d sync node restarts, want 1", out.Restarts)
+	}
+	// Tokens live 2 to 3 s and the test runs longer than that: they are
+	// replaced on the open socket.
+	if out.Refreshes < 2 {
+		t.Errorf("the page sent %d refresh frames, want at least 2 (frames sent: %v)", out.Refreshes, out.Sent)
 	}
 	if !slices.Contains(out.Sent, "unsub") {
 		t.Errorf("no unsub frame after unmount; the page sent %v", out.Sent)

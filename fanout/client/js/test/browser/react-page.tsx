@@ -8,7 +8,8 @@
 // the DOM shows a change only if the hook handed out a new identity. The
 // client's WebSocket records the frames it sends (the test looks for the
 // unsub after unmount); cursors are kept in localStorage, so a reload
-// resumes with a stored cursor.
+// resumes with a stored cursor. Its tokens live 2 to 3 seconds, so they
+// are refreshed on the socket several times while the test runs.
 import { StrictMode, Suspense, memo, useEffect, useState } from 'react';
 import { createRoot } from 'react-dom/client';
 import { Client, LocalStorageCursorStore, type ClientFrame } from '@walcast/client';
@@ -50,7 +51,9 @@ const client = new Client({
   transport: 'websocket',
   WebSocket: RecordingWebSocket,
   getToken: async () => {
-    const r = await fetch('/token?ttl=long', { cache: 'no-store' });
+    // Short-lived tokens (2 to 3 s): the client refreshes them on the open
+    // socket while the test runs.
+    const r = await fetch('/token?ttl=short', { cache: 'no-store' });
     if (!r.ok) throw new Error(`GET /token: ${r.status}`);
     return r.text();
   },

@@ -2,7 +2,10 @@
 // started with the whole pipeline running behind WALCAST_BASE (the sync
 // node, this directory at /test/, tokens at /token) and the test's own
 // handler at /control/: GET /control/rows answers the table's rows,
-// POST /control/change?op=insert|update|delete&id= changes one in SQL,
+// POST /control/change?op=insert|update|delete&id= changes one in SQL
+// (op=truncate empties the table and inserts rows 100 to 105 in one
+// transaction), POST /control/restart restarts the sync node (it answers
+// first), GET /control/restarts counts the restarts done,
 // and /control/react/ serves WALCAST_REACT_DIR, where this driver first
 // bundles react-page.tsx with esbuild and the React of node_modules.
 // Each step waits for the page's DOM with a deadline, never a sleep; a
@@ -119,7 +122,38 @@ try {
   await control('change?op=delete&id=5001', 'POST');
   await matches('after a reload, an insert and a delete');
 
-  // 4. Unmounting the components unsubscribes the topic.
+  // 4. A TRUNCATE and new rows in one transaction: the node answers with
+  // a fresh snapshot (the token has the snapshot claim), and the page
+  // holds exactly the new rows.
+  await control('change?op=truncate&id=0', 'POST');
+  await matches('after a truncate and new rows');
+
+  // 5. The sync node restarts: the page's client reconnects to the new
+  // node, resumes from its cursor and gets the changes made meanwhile.
+  const before = (await control('restarts')).restarts;
+  await control('restart', 'POST');
+  for (const end = Date.now() + deadline; ; ) {
+    const n = await control('restarts').then((r) => r.restarts, () => before); // refused while it restarts
+    if (n > before) break;
+    if (Date.now() > end) throw new Error('the sync node did not come back after a restart');
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  await control('change?op=insert&id=5003', 'POST');
+  await control('change?op=update&id=101', 'POST');
+  await matches('after a sync node restart');
+  out.restarts = (await control('restarts')).restarts;
+
+  // 6. Tokens of 2 to 3 s are replaced on the open socket (refresh
+  // frames, counted since the reload), and changes keep arriving.
+  try {
+    await page.waitForFunction(() => window.sent.filter((f) => f.t === 'refresh').length >= 2, null, { timeout: deadline });
+  } catch (e) {
+    throw new Error(`token refresh: ${e.message}; sent ${JSON.stringify(await page.evaluate(() => window.sent.map((f) => f.t)))}`);
+  }
+  await control('change?op=delete&id=100', 'POST');
+  await matches('after token refreshes and a delete');
+
+  // 7. Unmounting the components unsubscribes the topic.
   await page.evaluate(() => window.unmount());
   try {
     await page.waitForFunction((topic) => window.sent.some((f) => f.t === 'unsub' && f.topic === topic) && window.client.cursor(topic) === undefined,
@@ -128,6 +162,7 @@ try {
     throw new Error(`after unmount: no unsub of ${topic}: ${e.message}; sent ${JSON.stringify(await page.evaluate(() => window.sent))}`);
   }
   out.sent = await page.evaluate(() => window.sent.map((f) => f.t));
+  out.refreshes = out.sent.filter((t) => t === 'refresh').length;
   // Every error but the refused topic's.
   out.errors = await page.evaluate(() => window.errors.filter((m) => !m.includes('public.refused')));
   out.pageErrors = pageErrors;
