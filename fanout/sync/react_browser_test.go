@@ -58,9 +58,9 @@ func TestBrowserReact(t *testing.T) {
 			return
 		}
 		sql, ok := map[string]string{
-			"insert": `INSERT INTO items VALUES ($1, 'react', 1)`,
-			"update": `UPDATE items SET val = val || '+', n = n + 1 WHERE id = $1`,
-			"delete": `DELETE FROM items WHERE id = $1`,
+			"insert":   `INSERT INTO items VALUES ($1, 'react', 1)`,
+			"update":   `UPDATE items SET val = val || '+', n = n + 1 WHERE id = $1`,
+			"delete":   `DELETE FROM items WHERE id = $1`,
 			"truncate": `BEGIN; TRUNCATE items; INSERT INTO items SELECT g, 'after', g FROM generate_series(100, 105) g; COMMIT`,
 		}[r.URL.Query().Get("op")]
 		if !ok {
