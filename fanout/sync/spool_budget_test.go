@@ -107,6 +107,9 @@ func TestCatchUpCancelledOnUnsub(t *testing.T) {
 func TestMemoryBoundRefuses(t *testing.T) {
 	e := newSyncEnv(t, func(c *Config) {
 		c.MaxMemoryBytes, c.MaxBufferedBytes, c.sndBuf = 64<<10, 256<<10, 4096
+		// The slow socket must hold its queue until the test closes it,
+		// however long a loaded machine takes over the steps between.
+		c.MaxLag, c.WriteTimeout, c.IdleTimeout = -1, time.Hour, time.Hour
 	})
 	var rows []row
 	for i := range 400 {
@@ -132,10 +135,15 @@ func TestMemoryBoundRefuses(t *testing.T) {
 	}
 	// The same bound holds on every path that makes the node hold more:
 	// a Server-Sent Events stream and a journal read over HTTP.
+	// A stream that was not refused would never end: the client gives up.
+	hc := &http.Client{Timeout: 30 * time.Second}
 	for _, path := range []string{"/v1/events?topic=" + orders, "/v1/changes?topic=" + orders} {
+		if m := e.node.Stats().MemoryBytes; m < 64<<10 {
+			t.Fatalf("the slow socket's queue drained to %d bytes before GET %s", m, path)
+		}
 		req, _ := http.NewRequest("GET", e.srv.URL+path, nil)
 		req.Header.Set("Authorization", "Bearer "+tok)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := hc.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
