@@ -105,8 +105,12 @@ func TestCatchUpCancelledOnUnsub(t *testing.T) {
 // with 503 and Retry-After and counted; once that client is gone the
 // node's memory is back to zero and sockets are accepted again.
 func TestMemoryBoundRefuses(t *testing.T) {
+	// Half of the one catch-up page the slow socket queues (about 70 KB):
+	// what the kernel's socket buffers take off the queue cannot bring it
+	// under the bound.
+	const memBound = 32 << 10
 	e := newSyncEnv(t, func(c *Config) {
-		c.MaxMemoryBytes, c.MaxBufferedBytes, c.sndBuf = 64<<10, 256<<10, 4096
+		c.MaxMemoryBytes, c.MaxBufferedBytes, c.sndBuf = memBound, 256<<10, 4096
 		// The slow socket must hold its queue until the test closes it,
 		// however long a loaded machine takes over the steps between.
 		c.MaxLag, c.WriteTimeout, c.IdleTimeout = -1, time.Hour, time.Hour
@@ -123,10 +127,10 @@ func TestMemoryBoundRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	slow.sub(orders, cur)
-	waitFor(t, "the slow client's queue past the bound", func() bool { return e.node.Stats().MemoryBytes >= 64<<10 })
+	waitFor(t, "the slow client's queue past the bound", func() bool { return e.node.Stats().MemoryBytes >= memBound })
 	_, resp, err := e.dial(tok, 0)
 	if err == nil || resp == nil {
-		t.Fatalf("a socket was accepted with %d bytes queued, --max-memory-bytes %d", e.node.Stats().MemoryBytes, 64<<10)
+		t.Fatalf("a socket was accepted with %d bytes queued, --max-memory-bytes %d", e.node.Stats().MemoryBytes, memBound)
 	}
 	s := e.node.Stats()
 	t.Logf("memory %d bytes: new socket %s, Retry-After %q, rejected %v", s.MemoryBytes, resp.Status, resp.Header.Get("Retry-After"), s.Rejected)
@@ -138,7 +142,7 @@ func TestMemoryBoundRefuses(t *testing.T) {
 	// A stream that was not refused would never end: the client gives up.
 	hc := &http.Client{Timeout: 30 * time.Second}
 	for _, path := range []string{"/v1/events?topic=" + orders, "/v1/changes?topic=" + orders} {
-		if m := e.node.Stats().MemoryBytes; m < 64<<10 {
+		if m := e.node.Stats().MemoryBytes; m < memBound {
 			t.Fatalf("the slow socket's queue drained to %d bytes before GET %s", m, path)
 		}
 		req, _ := http.NewRequest("GET", e.srv.URL+path, nil)
