@@ -571,9 +571,20 @@ func TestNATSOutageDoesNotHoldBackTheSlot(t *testing.T) {
 	committed := w.finish()
 	validateJournal(t, url, committed)
 	entries := len(journalItems(t, url))
+	var last string
+	defer func() {
+		if t.Failed() {
+			t.Logf("the journal holds %d entries; the stream: %s", entries, last)
+		}
+	}()
 	waitUntil(t, "every entry published after the outage", 60*time.Second, func() bool {
 		info, err := js.StreamInfo("WALCAST")
-		return err == nil && info.State.Msgs == uint64(entries)
+		if err != nil {
+			last = err.Error()
+			return false
+		}
+		last = fmt.Sprintf("%d messages, seqs %d to %d", info.State.Msgs, info.State.FirstSeq, info.State.LastSeq)
+		return info.State.Msgs == uint64(entries)
 	})
 }
 
