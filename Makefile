@@ -41,11 +41,10 @@ js-pack:
 	(cd $$d && npm pkg set version=$$v && sed -i "s/'0.0.0-dev'/'$$v'/" src/version.ts && npm pack --pack-destination $(CURDIR)/bin)
 
 # Regenerate the command and flag reference from the command tree:
-# docs/reference (one page per command) and the README's flag tables.
-# Commit the result; TestCommandReference and TestREADMEFlagReference fail
-# while it is stale.
+# docs/reference, one page per command. Commit the result;
+# TestCommandReference fails while it is stale.
 docs:
-	$(GO) test ./cmd/walcast -run '^(TestCommandReference|TestREADMEFlagReference)$$' -count=1 -update-docs
+	$(GO) test ./cmd/walcast -run '^TestCommandReference$$' -count=1 -update-docs
 
 # A throwaway PostgreSQL, walcast verify, walcast run with embedded NATS,
 # walcast sync --console (it prints the console's URL and a demo token) and

@@ -35,7 +35,7 @@ func natsConf(t *testing.T, where, body string, env map[string]string) *server.O
 // checkNATSClusterConf checks one server's parsed configuration: JetStream
 // on with its store under storeRoot, a named cluster on 6222 routed to
 // exactly wantRoutes (host:port), clients on 4222, and a max payload in
-// the range the README's sizing advice gives.
+// the range docs/nats.md's sizing advice gives.
 func checkNATSClusterConf(t *testing.T, where string, o *server.Options, name, storeRoot string, wantRoutes []string) {
 	t.Helper()
 	if o.ServerName != name {
@@ -62,7 +62,7 @@ func checkNATSClusterConf(t *testing.T, where string, o *server.Options, name, s
 	// Past 1 MB (the default) an ordinary large row still travels whole;
 	// past 64 MB (walcast's largest envelope) nothing is gained.
 	if o.MaxPayload < 1<<20 || o.MaxPayload > 64<<20 {
-		t.Errorf("%s: max_payload %d: want 1 MB to 64 MB (README: what to size)", where, o.MaxPayload)
+		t.Errorf("%s: max_payload %d: want 1 MB to 64 MB (docs/nats.md: what to size)", where, o.MaxPayload)
 	}
 	if o.MaxPending < int64(o.MaxPayload)*4 {
 		t.Errorf("%s: max_pending %d under four max-size messages (%d): a sync node would be cut off by one burst", where, o.MaxPending, o.MaxPayload)

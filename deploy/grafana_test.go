@@ -198,7 +198,7 @@ func TestGrafanaDashboard(t *testing.T) {
 			}
 		}
 	}
-	// What the issue asks the dashboard to show.
+	// What the dashboard must show.
 	for _, n := range []string{"walcast_replication_lag_bytes", "walcast_replication_role", "walcast_journal_changes_total",
 		"walcast_journal_append_duration_seconds_bucket", "walcast_sync_sockets_open", "walcast_sync_frames_dropped_total",
 		"walcast_sync_replay_gaps_total"} {

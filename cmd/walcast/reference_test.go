@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"flag"
 	"os"
 	"path/filepath"
 	"sort"
@@ -11,6 +12,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/cobra/doc"
 )
+
+var updateDocs = flag.Bool("update-docs", false, "rewrite docs/reference from the command tree")
 
 // referenceDir holds the command reference, one page per command,
 // generated from the command tree.

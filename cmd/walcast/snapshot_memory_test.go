@@ -44,7 +44,7 @@ func shippedWalcast(t *testing.T) string {
 // rows of about 200 bytes, one of about 2 KB) in chunks of 100 rows, and
 // four writers insert, update and delete rows of the same tables: its peak
 // resident memory (VmHWM), embedded NATS server and publisher included, must
-// stay under the README's bound, the budget plus replication.MemoryOverhead.
+// stay under docs/operating.md's bound, the budget plus replication.MemoryOverhead.
 func TestSnapshotMemoryBounded(t *testing.T) {
 	const (
 		rows      = 30_000
@@ -164,7 +164,7 @@ func TestSnapshotMemoryBounded(t *testing.T) {
 	anon, file := statusKiB(t, p.cmd.Process.Pid, "RssAnon")<<10, statusKiB(t, p.cmd.Process.Pid, "RssFile")<<10
 	// The embedded NATS server and the publisher run in the same Go
 	// runtime, under the soft memory limit walcast run sets to the budget
-	// (setGoMemoryLimit): the README's bound for the whole process is the
+	// (setGoMemoryLimit): docs/operating.md's bound for the whole process is the
 	// budget plus MemoryOverhead, with nothing on top.
 	bound := int64(budget + replication.MemoryOverhead)
 	t.Logf("3 snapshots of %d rows in chunks of %d under %d writes: %s; VmRSS %d MiB before; VmHWM %d MiB (bound %d MiB); at the end %d MiB anonymous, %d MiB file-backed (the binary)",

@@ -13,7 +13,7 @@ import (
 	"github.com/walcast/walcast/fanout/bus"
 )
 
-// TestJetStreamDurableConsumer is the README's recipe for a service that
+// TestJetStreamDurableConsumer is docs/nats.md's recipe for a service that
 // consumes the stream walcast stores: a durable pull consumer with explicit
 // acks. The consumer stops half way (what it fetched but did not ack is
 // delivered again), a new process with the same durable name resumes, and

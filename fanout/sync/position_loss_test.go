@@ -9,7 +9,7 @@ import (
 // cluster a route can drop messages between the publisher's server and the
 // node's (a server cut off or restarted) while a later position message
 // arrives. The position must not move a member past the entry it never got
-// (found by helper J's cluster test: 254 changes skipped for good): the
+// (a cluster test once saw 254 changes skipped for good): the
 // member keeps its position and no `position` frame tells the client it is
 // past the entry; at a later position past the journal's horizon the topic
 // is repaired from the journal and the client gets the lost entry, before
