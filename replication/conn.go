@@ -1,18 +1,15 @@
 package replication
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io"
 	"strconv"
 	"strings"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/walcast/walcast/decoder"
 )
@@ -26,9 +23,6 @@ var sessionSettings = map[string]string{
 	"extra_float_digits": "3",
 	"bytea_output":       "hex",
 }
-
-// streamReadBuffer is the replication connection's read buffer.
-const streamReadBuffer = 128 << 10
 
 // connectReplication opens a logical replication connection
 // (replication=database) to dsn. On such a connection the walsender also
@@ -44,12 +38,6 @@ func connectReplication(ctx context.Context, dsn string) (*pgconn.PgConn, error)
 		pc.RuntimeParams[k] = v
 	}
 	pc.RuntimeParams["replication"] = "database"
-	// The stream is read through a larger buffer than pgproto3's 8 KiB:
-	// while catching up the socket always holds more, and each read is a
-	// system call.
-	pc.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
-		return pgproto3.NewFrontend(bufio.NewReaderSize(r, streamReadBuffer), w)
-	}
 	conn, err := pgconn.ConnectConfig(ctx, pc)
 	if err != nil {
 		return nil, ClassifyConnectError("source database (replication connection)", err)
