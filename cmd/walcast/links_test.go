@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"io/fs"
 	"net/url"
@@ -84,11 +83,10 @@ var (
 // Markdown file that names no existing file or directory, or one outside
 // root. Links in fenced code blocks and code spans are not links.
 func brokenLinks(root, file string) ([]string, error) {
-	f, err := os.Open(file)
+	b, err := os.ReadFile(file)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
 	absRoot, err := filepath.Abs(root)
 	if err != nil {
 		return nil, err
@@ -98,23 +96,8 @@ func brokenLinks(root, file string) ([]string, error) {
 		return nil, err
 	}
 	var broken []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	fence := ""
-	for n := 1; sc.Scan(); n++ {
-		line := sc.Text()
-		trimmed := strings.TrimLeft(line, " ")
-		if fence != "" {
-			if strings.HasPrefix(trimmed, fence) {
-				fence = ""
-			}
-			continue
-		}
-		if strings.HasPrefix(trimmed, "```") || strings.HasPrefix(trimmed, "~~~") {
-			fence = trimmed[:3]
-			continue
-		}
-		line = codeSpan.ReplaceAllString(line, "")
+	for _, pl := range proseLines(string(b)) {
+		n, line := pl.n, codeSpan.ReplaceAllString(pl.line, "")
 		var targets []string
 		for _, m := range inlineLink.FindAllStringSubmatch(line, -1) {
 			targets = append(targets, m[1])
@@ -168,9 +151,6 @@ func brokenLinks(root, file string) ([]string, error) {
 			}
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", file, err)
-	}
 	sort.Strings(broken)
 	return broken, nil
 }
@@ -193,19 +173,8 @@ func anchorsOf(file string) map[string]bool {
 		return anchors
 	}
 	seen := map[string]int{}
-	fence := ""
-	for _, line := range strings.Split(string(b), "\n") {
-		trimmed := strings.TrimLeft(line, " ")
-		if fence != "" {
-			if strings.HasPrefix(trimmed, fence) {
-				fence = ""
-			}
-			continue
-		}
-		if strings.HasPrefix(trimmed, "```") || strings.HasPrefix(trimmed, "~~~") {
-			fence = trimmed[:3]
-			continue
-		}
+	for _, pl := range proseLines(string(b)) {
+		line := pl.line
 		for _, m := range explicitID.FindAllStringSubmatch(line, -1) {
 			anchors[m[1]] = true
 		}
@@ -297,4 +266,31 @@ func TestBrokenLinksFindsEachKind(t *testing.T) {
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("broken links:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
+}
+
+// proseLine is a line of a Markdown file and its number (from 1).
+type proseLine struct {
+	n    int
+	line string
+}
+
+// proseLines returns the lines of Markdown text outside fenced code
+// blocks (``` or ~~~), the fences themselves left out.
+func proseLines(text string) []proseLine {
+	var out []proseLine
+	fence := ""
+	for i, line := range strings.Split(text, "\n") {
+		trimmed := strings.TrimLeft(line, " ")
+		switch {
+		case fence != "":
+			if strings.HasPrefix(trimmed, fence) {
+				fence = ""
+			}
+		case strings.HasPrefix(trimmed, "```") || strings.HasPrefix(trimmed, "~~~"):
+			fence = trimmed[:3]
+		default:
+			out = append(out, proseLine{i + 1, line})
+		}
+	}
+	return out
 }
