@@ -46,7 +46,7 @@ func priorKey(c *decoder.Change) []byte {
 // key_hash set. The map is entity →
 // key → resolution and also covers keys resolved later in the batch itself
 // (copySource updates it).
-func (j *Journal) lookupTenants(ctx context.Context, tx querier, txs []*decoder.Transaction, base map[string]entityState, cache *keyTenants) (map[string]map[string]*tenantRes, error) {
+func (j *Journal) lookupTenants(ctx context.Context, conn *pgx.Conn, txs []*decoder.Transaction, base map[string]entityState, cache *keyTenants) (map[string]map[string]*tenantRes, error) {
 	var ents, keys []string
 	var hashes []int64
 	var res []*tenantRes // of the keys looked up, in order
@@ -94,25 +94,45 @@ func (j *Journal) lookupTenants(ctx context.Context, tx querier, txs []*decoder.
 		return m, nil
 	}
 	// Rows name their key by its ordinal: the keys are not sent back.
-	rows, err := tx.Query(ctx, `SELECT u.i, l.tenant FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS u(entity, key, h, i)
-		JOIN LATERAL (SELECT e.tenant FROM `+j.sql.chunks+` c
-			CROSS JOIN LATERAL unnest(c.key_hash, c.entity, c.key, c.tenant, c.tenant_unknown) WITH ORDINALITY AS e(key_hash, entity, key, tenant, tenant_unknown, i)
-			WHERE c.key_hash @> ARRAY[u.h] AND e.key_hash = u.h AND e.entity = u.entity AND e.key = u.key AND NOT e.tenant_unknown
-				AND c.first_seq + e.i - 1 >= (SELECT floor FROM `+j.sql.retention+`)
-			ORDER BY c.last_seq DESC, e.i DESC LIMIT 1) l ON true`, ents, keys, hashes)
-	if err != nil {
-		return nil, err
+	//
+	// The chunks that hold a key are found through the GIN index on their
+	// key hashes, whatever the planner estimates: the alternatives it
+	// costs lower (the primary key walked backwards, or every chunk) test
+	// each chunk's key hash array, which means decompressing it, and for a
+	// key whose newest change is old that is the whole journal. So the
+	// query runs with sequential and plain index scans off, in a
+	// transaction of its own or, inside the append's, set back after it.
+	b := &pgx.Batch{}
+	inTx := conn.PgConn().TxStatus() != 'I'
+	if !inTx {
+		b.Queue("BEGIN")
 	}
+	b.Queue("SET LOCAL enable_seqscan = off")
+	b.Queue("SET LOCAL enable_indexscan = off")
 	var i int64
 	var tenant *string
-	_, err = pgx.ForEachRow(rows, []any{&i, &tenant}, func() error {
-		if i < 1 || i > int64(len(res)) {
-			return fmt.Errorf("lookup returned key %d of %d", i, len(res))
-		}
-		*res[i-1] = tenantRes{found: true, tenant: tenant}
-		return nil
+	b.Queue(`SELECT u.i, l.tenant FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS u(entity, key, h, i)
+		JOIN LATERAL (SELECT e.tenant FROM (SELECT * FROM `+j.sql.chunks+` c WHERE c.key_hash @> ARRAY[u.h] OFFSET 0) c
+			CROSS JOIN LATERAL unnest(c.key_hash, c.entity, c.key, c.tenant, c.tenant_unknown) WITH ORDINALITY AS e(key_hash, entity, key, tenant, tenant_unknown, i)
+			WHERE e.key_hash = u.h AND e.entity = u.entity AND e.key = u.key AND NOT e.tenant_unknown
+				AND c.first_seq + e.i - 1 >= (SELECT floor FROM `+j.sql.retention+`)
+			ORDER BY c.last_seq DESC, e.i DESC LIMIT 1) l ON true`, ents, keys, hashes).Query(func(rows pgx.Rows) error {
+		_, err := pgx.ForEachRow(rows, []any{&i, &tenant}, func() error {
+			if i < 1 || i > int64(len(res)) {
+				return fmt.Errorf("lookup returned key %d of %d", i, len(res))
+			}
+			*res[i-1] = tenantRes{found: true, tenant: tenant}
+			return nil
+		})
+		return err
 	})
-	if err != nil {
+	if inTx {
+		b.Queue("SET LOCAL enable_seqscan TO DEFAULT")
+		b.Queue("SET LOCAL enable_indexscan TO DEFAULT")
+	} else {
+		b.Queue("COMMIT")
+	}
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("resolve tenants: %w", err)
 	}
 	return m, nil
