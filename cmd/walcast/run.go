@@ -33,6 +33,7 @@ func newRunCmd(env Env) *cobra.Command {
 		nf            natsFlags
 		embeddedNATS  string
 		embeddedStore string
+		embeddedClu   bus.EmbeddedCluster
 		prefix        string
 		journalTO     time.Duration
 		shutdownTO    time.Duration
@@ -98,7 +99,7 @@ database at start-up, 3 when another instance holds the slot and
 			nf.cfg.Name = "walcast run"
 			return runReplicator(cmd.Context(), log, runSetup{tracing: otlpConfigured(env), rc: rc, journalURL: journalURL, schema: schema, httpListen: httpListen,
 				retention: retention, pruneEvery: pruneEvery, preflight: !skipPreflight,
-				nats: nf.cfg, embeddedNATS: embeddedNATS, embeddedStore: embeddedStore, prefix: prefix,
+				nats: nf.cfg, embeddedNATS: embeddedNATS, embeddedStore: embeddedStore, embeddedCluster: embeddedClu, prefix: prefix,
 				journalTimeout: journalTO, shutdownTimeout: shutdownTO, jetstream: jsPtr(jsCfg)})
 		},
 	}
@@ -141,6 +142,10 @@ database at start-up, 3 when another instance holds the slot and
 	nf.register(cmd, "NATS server(s) to publish to (empty: start an embedded NATS server on --embedded-nats-listen)")
 	f.StringVar(&embeddedNATS, "embedded-nats-listen", "127.0.0.1:4222", "address of the embedded NATS server, when --nats-url is empty")
 	f.StringVar(&embeddedStore, "embedded-nats-store-dir", "", "enable JetStream on the embedded NATS server with its store here")
+	f.StringVar(&embeddedClu.Listen, "embedded-nats-cluster-listen", "",
+		"join the embedded NATS servers of several instances into one cluster: this instance's route address, host:port (with --embedded-nats-routes; sync nodes then list every instance's --embedded-nats-listen in --nats-url)")
+	f.StringSliceVar(&embeddedClu.Routes, "embedded-nats-routes", nil,
+		"the other instances' --embedded-nats-cluster-listen addresses, host:port, repeatable or comma-separated")
 	f.StringVar(&prefix, "subject-prefix", "walcast", "first token of every NATS subject")
 	f.StringVar(&jsCfg.Stream, "jetstream-stream", "", "store every entry exactly once, in order, in this JetStream stream (created over <prefix>.change.>, <prefix>.message.>, <prefix>.resync if missing; an existing one must match)")
 	f.IntVar(&jsCfg.Replicas, "jetstream-replicas", 1, "replicas of the JetStream stream (an existing stream must have as many)")
@@ -154,19 +159,20 @@ database at start-up, 3 when another instance holds the slot and
 // and runs until ctx ends or replication stops.
 // runSetup is everything `walcast run` wires together.
 type runSetup struct {
-	rc            replication.Config
-	journalURL    string
-	schema        string
-	httpListen    string
-	retention     journal.Retention
-	pruneEvery    time.Duration
-	preflight     bool
-	nats          bus.NATSConfig
-	embeddedNATS  string
-	embeddedStore string
-	jetstream     *publish.JetStreamConfig
-	prefix        string
-	tracing       bool // an OTLP endpoint is configured: export traces
+	rc              replication.Config
+	journalURL      string
+	schema          string
+	httpListen      string
+	retention       journal.Retention
+	pruneEvery      time.Duration
+	preflight       bool
+	nats            bus.NATSConfig
+	embeddedNATS    string
+	embeddedStore   string
+	embeddedCluster bus.EmbeddedCluster
+	jetstream       *publish.JetStreamConfig
+	prefix          string
+	tracing         bool // an OTLP endpoint is configured: export traces
 
 	journalTimeout  time.Duration // journal.Config.CallTimeout; 0: the default
 	shutdownTimeout time.Duration // 0: defaultShutdownTimeout
@@ -260,14 +266,18 @@ func runReplicator(ctx context.Context, log *slog.Logger, s runSetup) error {
 		}
 	}()
 	r.SetTracerProvider(tracing.TracerProvider())
+	if s.nats.URL != "" && (s.embeddedCluster.Listen != "" || len(s.embeddedCluster.Routes) > 0) {
+		return withCode(exitUsage, errors.New("--embedded-nats-cluster-listen and --embedded-nats-routes join embedded NATS servers, and --nats-url means there is none: drop one or the other"))
+	}
 	if s.nats.URL == "" {
-		emb, err := bus.StartEmbeddedNATS(s.embeddedNATS, s.embeddedStore)
+		emb, err := bus.StartEmbeddedNATS(s.embeddedNATS, s.embeddedStore, s.embeddedCluster)
 		if err != nil {
 			return withCode(exitUsage, err)
 		}
 		defer emb.Shutdown()
 		s.nats.URL = emb.URL()
-		log.Info("embedded NATS server listening", "url", emb.URL(), "jetstream", s.embeddedStore != "")
+		log.Info("embedded NATS server listening", "url", emb.URL(), "jetstream", s.embeddedStore != "",
+			"cluster", s.embeddedCluster.Listen, "routes", s.embeddedCluster.Routes)
 	}
 	nc, err := bus.ConnectNATS(s.nats)
 	if err != nil {

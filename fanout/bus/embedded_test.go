@@ -15,7 +15,7 @@ func TestEmbeddedNATSPortTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	emb, err := StartEmbeddedNATS(ln.Addr().String(), "")
+	emb, err := StartEmbeddedNATS(ln.Addr().String(), "", EmbeddedCluster{})
 	if err == nil {
 		emb.Shutdown()
 		t.Fatalf("the embedded server started on %s, a port another listener holds", ln.Addr())
@@ -28,7 +28,7 @@ func TestEmbeddedNATSPortTaken(t *testing.T) {
 
 	// An address that is not this machine's is not a taken port: the
 	// error says so (192.0.2.1 is TEST-NET-1, never assigned).
-	if emb, err := StartEmbeddedNATS("192.0.2.1:4222", ""); err == nil {
+	if emb, err := StartEmbeddedNATS("192.0.2.1:4222", "", EmbeddedCluster{}); err == nil {
 		emb.Shutdown()
 		t.Fatal("the embedded server started on 192.0.2.1, an address this machine does not have")
 	} else if msg := err.Error(); !strings.Contains(msg, "cannot assign requested address") || strings.Contains(msg, "another process") {
@@ -39,7 +39,7 @@ func TestEmbeddedNATSPortTaken(t *testing.T) {
 	// nothing), and so does port 0 (a random one).
 	_ = ln.Close()
 	for _, listen := range []string{ln.Addr().String(), "127.0.0.1:0"} {
-		emb, err := StartEmbeddedNATS(listen, "")
+		emb, err := StartEmbeddedNATS(listen, "", EmbeddedCluster{})
 		if err != nil {
 			t.Fatalf("%s: %v", listen, err)
 		}

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -106,9 +108,25 @@ type EmbeddedNATS struct {
 	srv *server.Server
 }
 
+// EmbeddedCluster joins the embedded servers of several walcast run
+// instances into one NATS cluster, so that whichever instance is active
+// publishes to every sync node connected to any of them.
+type EmbeddedCluster struct {
+	// Listen is this server's cluster (route) address, host:port; empty:
+	// no cluster.
+	Listen string
+	// Routes are the other instances' cluster addresses, host:port or
+	// nats-route://host:port.
+	Routes []string
+}
+
 // StartEmbeddedNATS starts a NATS server listening on listen (host:port).
-// With storeDir set, JetStream is enabled with its store there.
-func StartEmbeddedNATS(listen, storeDir string) (*EmbeddedNATS, error) {
+// With storeDir set, JetStream is enabled with its store there. With
+// cluster.Listen set, the server joins the other instances' embedded
+// servers at cluster.Routes (JetStream is then refused: a JetStream
+// cluster of walcast's instances would lose its quorum with the instance
+// that fails, which is when it is needed).
+func StartEmbeddedNATS(listen, storeDir string, cluster EmbeddedCluster) (*EmbeddedNATS, error) {
 	host, portStr, err := net.SplitHostPort(listen)
 	if err != nil {
 		return nil, fmt.Errorf("--embedded-nats-listen %q: want host:port", listen)
@@ -134,6 +152,11 @@ func StartEmbeddedNATS(listen, storeDir string) (*EmbeddedNATS, error) {
 		_ = ln.Close()
 	}
 	opts := &server.Options{Host: host, Port: port, NoSigs: true, NoLog: true, ServerName: "walcast-embedded"}
+	if cluster.Listen != "" || len(cluster.Routes) > 0 {
+		if err := embeddedClusterOptions(opts, storeDir, cluster); err != nil {
+			return nil, err
+		}
+	}
 	if storeDir != "" {
 		if err := os.MkdirAll(storeDir, 0o700); err != nil {
 			return nil, fmt.Errorf("embedded NATS store %s: %w", storeDir, err)
@@ -159,4 +182,41 @@ func (e *EmbeddedNATS) URL() string { return e.srv.ClientURL() }
 func (e *EmbeddedNATS) Shutdown() {
 	e.srv.Shutdown()
 	e.srv.WaitForShutdown()
+}
+
+// embeddedClusterOptions sets opts up to join the other instances'
+// embedded servers.
+func embeddedClusterOptions(opts *server.Options, storeDir string, c EmbeddedCluster) error {
+	if c.Listen == "" {
+		return errors.New("--embedded-nats-routes needs --embedded-nats-cluster-listen: the address this instance's embedded server takes routes on")
+	}
+	if storeDir != "" {
+		return errors.New("--embedded-nats-cluster-listen cannot be combined with --embedded-nats-store-dir: JetStream across walcast's instances would lose its quorum with the instance that fails; run a NATS cluster with JetStream and give every instance --nats-url")
+	}
+	host, portStr, err := net.SplitHostPort(c.Listen)
+	if err != nil {
+		return fmt.Errorf("--embedded-nats-cluster-listen %q: want host:port", c.Listen)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port <= 0 || port > 65535 {
+		return fmt.Errorf("--embedded-nats-cluster-listen %q: want a port from 1 to 65535", c.Listen)
+	}
+	opts.Cluster.Name, opts.Cluster.Host, opts.Cluster.Port = "walcast", host, port
+	// Names are unique within a cluster.
+	opts.ServerName = "walcast-embedded-" + c.Listen
+	for _, r := range c.Routes {
+		r = strings.TrimSpace(r)
+		if r == "" {
+			continue
+		}
+		if !strings.Contains(r, "://") {
+			r = "nats-route://" + r
+		}
+		u, err := url.Parse(r)
+		if err != nil || u.Host == "" || u.Port() == "" {
+			return fmt.Errorf("--embedded-nats-routes %q: want host:port of another instance's --embedded-nats-cluster-listen", r)
+		}
+		opts.Routes = append(opts.Routes, u)
+	}
+	return nil
 }
