@@ -1,10 +1,13 @@
 package journal
 
 import (
+	"context"
 	"encoding/binary"
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // The journal's storage form (DESIGN §5). Entries are stored in chunks: one
@@ -48,12 +51,19 @@ const (
 
 // entriesIn is a subquery of the entries with lo < seq <= hi (SQL
 // expressions over the enclosing query), as rows with a seq column and the
-// named entry columns (entryFields names; "i" is not one). Only the named
-// arrays are read: a chunk's columns are stored, compressed and read
-// separately, so a read of xids never decompresses an envelope.
+// named entry columns (entryFields names; "i" is not one), in seq order.
+// Only the named arrays are read: a chunk's columns are stored, compressed
+// and read separately, so a read of xids never decompresses an envelope.
+//
+// The rows come ordered by chunk_end (the chunk's last seq) and chunk_i
+// (the entry's place in it), which is seq order: a query that orders by
+// those two instead of seq walks the chunks in primary key order and sorts
+// only within each chunk, so a LIMIT stops it after the chunks it needs
+// (ordering by seq would decompress the whole window before the first
+// row).
 func (j *Journal) entriesIn(lo, hi string, cols ...string) string {
 	var b strings.Builder
-	b.WriteString("(SELECT c.first_seq + u.i - 1 AS seq")
+	b.WriteString("(SELECT c.first_seq + u.i - 1 AS seq, c.last_seq AS chunk_end, u.i AS chunk_i")
 	for _, c := range cols {
 		b.WriteString(", u." + c)
 	}
@@ -68,7 +78,8 @@ func (j *Journal) entriesIn(lo, hi string, cols ...string) string {
 	// last_seq < hi + chunkMaxEntries follows from first_seq <= hi and
 	// bounds the primary key's range scan.
 	b.WriteString(" WHERE c.last_seq > (" + lo + ") AND c.last_seq < (" + hi + ") + " + strconv.Itoa(chunkMaxEntries) +
-		" AND c.first_seq <= (" + hi + ") AND c.first_seq + u.i - 1 > (" + lo + ") AND c.first_seq + u.i - 1 <= (" + hi + "))")
+		" AND c.first_seq <= (" + hi + ") AND c.first_seq + u.i - 1 > (" + lo + ") AND c.first_seq + u.i - 1 <= (" + hi + ")" +
+		" ORDER BY c.last_seq, u.i)")
 	return b.String()
 }
 
@@ -288,3 +299,26 @@ var (
 	readColumns     = []string{"entity", "entity_seq", "tenant", "tenant_unknown", "op", "lsn", "commit_lsn", "commit_time", "envelope", "size"}
 	readColumnsXid8 = []string{"entity", "entity_seq", "tenant", "tenant_unknown", "op", "lsn", "commit_lsn", "commit_time", "envelope", "size", "xid8"}
 )
+
+// queryInOrder runs sql, a read that orders entriesIn's rows by chunk_end
+// and chunk_i, with each of its rows passed to each, planned with sorts
+// off: the planner, which cannot know how many entries a chunk holds,
+// otherwise sorts the whole scan window (up to scanWindow entries,
+// decompressed, spilled to disk) rather than each chunk as it is read, and
+// a read of one page then costs as much as ten. One round trip: BEGIN,
+// SET LOCAL, the read and COMMIT go as one batch.
+func queryInOrder(ctx context.Context, conn *pgx.Conn, sql string, args []any, each func(pgx.Rows) error) error {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN READ ONLY")
+	b.Queue("SET LOCAL enable_sort = off")
+	b.Queue(sql, args...).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			if err := each(rows); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
+	b.Queue("COMMIT")
+	return conn.SendBatch(ctx, b).Close()
+}

@@ -70,36 +70,31 @@ func (j *Journal) ReadAfterBytes(ctx context.Context, after int64, limit, maxByt
 	var out Log
 	// One statement, one snapshot: the bounds and the entries agree even
 	// while retention prunes.
-	rows, err := conn.Query(ctx, `SELECT b.horizon, b.floor, b.epoch, b.epoch_seq, e.seq, e.entity, e.entity_seq, e.tenant, e.tenant_unknown,
+	err = queryInOrder(ctx, conn, `SELECT b.horizon, b.floor, b.epoch, b.epoch_seq, e.seq, e.entity, e.entity_seq, e.tenant, e.tenant_unknown,
 			e.op, e.lsn, e.commit_lsn, e.commit_time, e.envelope
 		FROM (SELECT m.next_seq - 1 AS horizon, r.floor, m.epoch,
 				coalesce((SELECT first_seq FROM `+j.sql.epochs+` WHERE epoch = m.epoch), 1) AS epoch_seq
 			FROM `+j.sql.meta+` m, `+j.sql.retention+` r LIMIT 1) b
 		LEFT JOIN LATERAL (
 			SELECT * FROM (
-				SELECT e.*, sum(e.size) OVER (ORDER BY e.seq) - e.size AS before_bytes
+				SELECT e.*, sum(e.size) OVER (ORDER BY e.chunk_end, e.chunk_i) - e.size AS before_bytes
 				FROM `+j.entriesIn("$1::bigint", "least(b.horizon, $1::bigint + $2::bigint)", readColumns...)+` e
 			) e WHERE e.before_bytes < $3
 		) e ON true
-		ORDER BY e.seq`, after, limit, maxBytes)
-	if err != nil {
-		return Log{}, opErr(op, err, "")
-	}
-	defer rows.Close()
-	for rows.Next() {
+		ORDER BY e.chunk_end, e.chunk_i`, []any{after, limit, maxBytes}, func(rows pgx.Rows) error {
 		var c entryCols
 		if err := rows.Scan(append([]any{&out.Horizon, &out.Floor, &out.Epoch, &out.EpochSeq}, c.dest()...)...); err != nil {
-			return Log{}, opErr(op, err, "")
+			return err
 		}
 		if e, ok := c.entry(); ok {
 			e.Epoch = out.Epoch
 			out.Entries = append(out.Entries, e)
 		}
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return Log{}, opErr(op, err, "")
 	}
-	rows.Close()
 	if len(out.Entries) > 0 && out.Entries[0].Seq < out.EpochSeq {
 		// Entries from before the current epoch began (a publisher
 		// catching up across a reset): each keeps the epoch it was

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/walcast/walcast/decoder"
@@ -299,33 +300,28 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, epoch
 				SELECT * FROM ` + j.entriesIn("b.start", "b.start + $4::bigint", readColumnsXid8...) + ` e
 				WHERE b.start >= b.floor - 1 AND b.start >= b.resync_seq AND b.start <= b.horizon
 					AND ($1::bigint IS NULL OR $6::bigint = b.epoch)
-				ORDER BY e.seq
+				ORDER BY e.chunk_end, e.chunk_i
 			) e
 			WHERE true` + filter.String() + `
-			WINDOW w AS (ORDER BY e.seq)
+			WINDOW w AS (ORDER BY e.chunk_end, e.chunk_i)
 		) e
 		WHERE e.prev_before < $5
-		ORDER BY e.seq LIMIT $3 + 1
+		ORDER BY e.chunk_end, e.chunk_i LIMIT $3 + 1
 	) e ON true
-	ORDER BY e.seq`
+	ORDER BY e.chunk_end, e.chunk_i`
 
 	conn, err := j.pool.acquire(ctx)
 	if err != nil {
 		return readRows{}, err
 	}
 	defer j.pool.release(conn)
-	rows, err := conn.Query(ctx, sql, args...)
-	if err != nil {
-		return readRows{}, err
-	}
-	defer rows.Close()
 	out := readRows{window: scanWindow(limit)}
-	for rows.Next() {
+	err = queryInOrder(ctx, conn, sql, args, func(rows pgx.Rows) error {
 		var c entryCols
 		var before *int64
 		var x8 pgtype.Int8
 		if err := rows.Scan(append(append([]any{&out.horizon, &out.floor, &out.resyncSeq, &out.epoch, &out.start}, c.dest()...), &before, &x8)...); err != nil {
-			return readRows{}, err
+			return err
 		}
 		e, ok := c.entry()
 		e.Xid8, e.HasXid8 = uint64(x8.Int64), x8.Valid
@@ -336,8 +332,12 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, epoch
 		default:
 			out.entries = append(out.entries, e)
 		}
+		return nil
+	})
+	if err != nil {
+		return readRows{}, err
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // entryCols is one entries row read through a LEFT JOIN, so every column may
