@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -64,17 +63,7 @@ func TestEmbeddedNATSFailover(t *testing.T) {
 	waitUntil(t, "the second instance standby", 30*time.Second, func() bool { return strings.HasPrefix(b.readyz(), "standby") })
 
 	natsURLs := "nats://" + client1 + ",nats://" + client2
-	sync := startWalcast(t, "sync", "--nats-url", natsURLs, "--journal-url", url, "--listen", "127.0.0.1:0",
-		"--http-listen", "127.0.0.1:0", "--jwt-secret", syncJWTSecret, "--cursor-secret", string(cursorSecret), "--log-format", "json")
-	listenRe := regexp.MustCompile(`"listen":"(ws://[^"]+)"`)
-	var wsURL string
-	waitUntil(t, "sync listening", 30*time.Second, func() bool {
-		m := listenRe.FindStringSubmatch(sync.log())
-		if m != nil {
-			wsURL = m[1]
-		}
-		return m != nil && strings.HasPrefix(sync.readyz(), "ready")
-	})
+	sync, wsURL := startSync(t, "--nats-url", natsURLs, "--journal-url", url)
 	tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{
 		"sub": "failover", "topics": []string{"public.items"}, "exp": time.Now().Add(time.Hour).Unix()}).SignedString([]byte(syncJWTSecret))
 	if err != nil {

@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -102,18 +101,7 @@ func startStateSync(t *testing.T) (string, string, func(snapshot bool) string) {
 	ns := natstest.Start(t)
 	run := startWalcast(t, runArgs(url, "--nats-url", ns.URL())...)
 	waitUntil(t, "run active", 30*time.Second, func() bool { return strings.HasPrefix(run.readyz(), "active") })
-	sync := startWalcast(t, "sync", "--nats-url", ns.URL(), "--journal-url", url, "--database-url", url,
-		"--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--jwt-secret", syncJWTSecret,
-		"--cursor-secret", string(cursorSecret), "--log-format", "json")
-	listenRe := regexp.MustCompile(`"listen":"(ws://[^"]+)"`)
-	var wsURL string
-	waitUntil(t, "sync listening", 30*time.Second, func() bool {
-		m := listenRe.FindStringSubmatch(sync.log())
-		if m != nil {
-			wsURL = m[1]
-		}
-		return m != nil && strings.HasPrefix(sync.readyz(), "ready")
-	})
+	_, wsURL := startSync(t, "--nats-url", ns.URL(), "--journal-url", url, "--database-url", url)
 	token := func(snapshot bool) string {
 		tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{"sub": "e2e", "topics": []string{"public.items"},
 			"snapshot": snapshot, "exp": time.Now().Add(time.Hour).Unix()}).SignedString([]byte(syncJWTSecret))

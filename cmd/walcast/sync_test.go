@@ -31,17 +31,7 @@ func TestSyncEndToEnd(t *testing.T) {
 	ns := natstest.Start(t)
 	run := startWalcast(t, runArgs(url, "--nats-url", ns.URL())...)
 	waitUntil(t, "run active", 30*time.Second, func() bool { return strings.HasPrefix(run.readyz(), "active") })
-	sync := startWalcast(t, "sync", "--nats-url", ns.URL(), "--journal-url", url, "--listen", "127.0.0.1:0",
-		"--http-listen", "127.0.0.1:0", "--jwt-secret", syncJWTSecret, "--cursor-secret", string(cursorSecret), "--log-format", "json")
-	listenRe := regexp.MustCompile(`"listen":"(ws://[^"]+)"`)
-	var wsURL string
-	waitUntil(t, "sync listening", 30*time.Second, func() bool {
-		m := listenRe.FindStringSubmatch(sync.log())
-		if m != nil {
-			wsURL = m[1]
-		}
-		return m != nil && strings.HasPrefix(sync.readyz(), "ready")
-	})
+	_, wsURL := startSync(t, "--nats-url", ns.URL(), "--journal-url", url)
 
 	tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{
 		"sub": "e2e", "topics": []string{"public.items"}, "exp": time.Now().Add(time.Hour).Unix()}).SignedString([]byte(syncJWTSecret))
@@ -137,4 +127,23 @@ func TestSyncUsageErrors(t *testing.T) {
 	if code != exitUsage || !strings.Contains(stderr, "--journal-url is required") {
 		t.Fatalf("env: exit %d %q", code, stderr)
 	}
+}
+
+// startSync starts `walcast sync` with args (its NATS and databases) on
+// loopback addresses, the test's secrets and JSON logs, and waits until it
+// is ready; it returns the process and its socket URL.
+func startSync(t *testing.T, args ...string) (*proc, string) {
+	t.Helper()
+	sync := startWalcast(t, append([]string{"sync", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
+		"--jwt-secret", syncJWTSecret, "--cursor-secret", string(cursorSecret), "--log-format", "json"}, args...)...)
+	listenRe := regexp.MustCompile(`"listen":"(ws://[^"]+)"`)
+	var wsURL string
+	waitUntil(t, "sync listening", 30*time.Second, func() bool {
+		m := listenRe.FindStringSubmatch(sync.log())
+		if m != nil {
+			wsURL = m[1]
+		}
+		return m != nil && strings.HasPrefix(sync.readyz(), "ready")
+	})
+	return sync, wsURL
 }
