@@ -23,7 +23,7 @@ import (
 	"github.com/walcast/walcast/journal/journaltest"
 )
 
-// TestJetStreamClusterFailover (issue 17): a 3-server NATS cluster, each
+// TestJetStreamClusterFailover: a 3-server NATS cluster, each
 // server its own process, with an R3 stream. `walcast run` publishes to
 // server A; two `walcast sync` nodes, on B and on C, serve two WebSocket
 // clients each. Under a steady write load:

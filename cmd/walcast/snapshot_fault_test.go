@@ -1,6 +1,6 @@
 package main
 
-// Snapshot fault tests at the process level (issue 13): `walcast run`
+// Snapshot fault tests at the process level: `walcast run`
 // killed with SIGKILL at random points of a snapshot, and a standby taking
 // over a snapshot from a killed active instance. Both check the journal the
 // way a consumer uses it: the table rebuilt from the journal's first entry
