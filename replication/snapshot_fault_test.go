@@ -1,6 +1,6 @@
 package replication
 
-// Snapshot fault and table-shape tests (issue 13): a TRUNCATE in the middle
+// Snapshot fault and table-shape tests: a TRUNCATE in the middle
 // of a snapshot, REPLICA IDENTITY FULL, TOASTed values updated during their
 // chunk's window, and a tenant column. Each rebuilds the table from the
 // journal with tableValidator (snapshot_test.go) and compares it with the

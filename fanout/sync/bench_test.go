@@ -312,7 +312,7 @@ func rss() int64 {
 }
 
 // BenchmarkSyncIdleMemory10k: the node's RSS growth per idle, subscribed
-// socket with 10,000 sockets open (target ≤ 6 KB, issue 16). Go heap and
+// socket with 10,000 sockets open (target ≤ 6 KB). Go heap and
 // goroutine stack per socket are reported beside it: stack-bytes/socket
 // above 2 KB means readers' stacks grew (socket.run says why they must not).
 func BenchmarkSyncIdleMemory10k(b *testing.B) {

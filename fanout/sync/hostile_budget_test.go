@@ -50,7 +50,7 @@ func (h *hostileEnv) expectReader(t *testing.T) {
 }
 
 // hostileBudgetCases are the hostile suite's cases of per-client budgets
-// (issue 12, "unbounded work per client"): each attacker is refused with
+// ("unbounded work per client"): each attacker is refused with
 // the documented status while the well-behaved client keeps its stream.
 func hostileBudgetCases(h *hostileEnv) []struct {
 	name   string
