@@ -2,21 +2,15 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"net"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/golang-jwt/jwt/v5"
 	"github.com/nats-io/nats.go"
 
-	"github.com/walcast/walcast/decoder"
-	"github.com/walcast/walcast/fanout/client"
 	"github.com/walcast/walcast/internal/pgtest"
-	"github.com/walcast/walcast/journal/journaltest"
 )
 
 // freeAddrs returns n loopback addresses nothing listens on (just now).
@@ -63,23 +57,10 @@ func TestEmbeddedNATSFailover(t *testing.T) {
 	waitUntil(t, "the second instance standby", 30*time.Second, func() bool { return strings.HasPrefix(b.readyz(), "standby") })
 
 	natsURLs := "nats://" + client1 + ",nats://" + client2
-	sync, wsURL := startSync(t, "--nats-url", natsURLs, "--journal-url", url)
-	tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{
-		"sub": "failover", "topics": []string{"public.items"}, "exp": time.Now().Add(time.Hour).Unix()}).SignedString([]byte(syncJWTSecret))
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, wsURL := startSync(t, "--nats-url", natsURLs, "--journal-url", url)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := client.Dial(ctx, wsURL, client.Options{Token: tok})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.Subscribe("public.items", ""); err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, "subscribed", 30*time.Second, func() bool { return c.Cursor("public.items") != "" })
+	_, c := subscribeItems(t, ctx, wsURL, "failover")
 
 	// A subscriber on the standby's server gets what the active instance
 	// publishes to its own: the servers are one cluster.
@@ -114,26 +95,7 @@ func TestEmbeddedNATSFailover(t *testing.T) {
 		t.Fatal("the writer committed nothing")
 	}
 
-	v := journaltest.New()
-	v.Commit(committed...)
-	for n := 0; n < len(committed); n++ {
-		ev, err := c.Next(ctx)
-		if err != nil {
-			t.Fatalf("after %d of %d changes: %v\nsync node log:\n%s", n, len(committed), err, sync.log())
-		}
-		if ev.Type != client.EventChange {
-			t.Fatalf("after %d of %d changes: event %+v", n, len(committed), ev)
-		}
-		var env decoder.Envelope
-		if err := json.Unmarshal(ev.Change, &env); err != nil {
-			t.Fatal(err)
-		}
-		v.Observe(journaltest.Item{Seq: env.Seq, Entity: env.Entity, EntitySeq: env.EntitySeq,
-			ID: fmt.Sprintf("%s:%s:%s", env.Op, env.Entity, env.Key["id"])})
-	}
-	if err := v.Check(); err != nil {
-		t.Fatal(err)
-	}
+	expectCommitted(t, ctx, c, committed)
 	t.Logf("%d changes reached the client exactly once across the failover", len(committed))
 }
 

@@ -33,22 +33,9 @@ func TestSyncEndToEnd(t *testing.T) {
 	waitUntil(t, "run active", 30*time.Second, func() bool { return strings.HasPrefix(run.readyz(), "active") })
 	_, wsURL := startSync(t, "--nats-url", ns.URL(), "--journal-url", url)
 
-	tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{
-		"sub": "e2e", "topics": []string{"public.items"}, "exp": time.Now().Add(time.Hour).Unix()}).SignedString([]byte(syncJWTSecret))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	c, err := client.Dial(ctx, wsURL, client.Options{Token: tok})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.Subscribe("public.items", ""); err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, "subscribed", 30*time.Second, func() bool { return c.Cursor("public.items") != "" })
+	tok, c := subscribeItems(t, ctx, wsURL, "e2e")
 	start := c.Cursor("public.items")
 
 	w := startWriter(t, url)
@@ -57,31 +44,7 @@ func TestSyncEndToEnd(t *testing.T) {
 	if len(committed) == 0 {
 		t.Fatal("the writer committed nothing")
 	}
-	check := func(c *client.Client) {
-		t.Helper()
-		v := journaltest.New()
-		v.Commit(committed...)
-		for n := 0; n < len(committed); {
-			ev, err := c.Next(ctx)
-			if err != nil {
-				t.Fatalf("after %d of %d changes: %v", n, len(committed), err)
-			}
-			if ev.Type != client.EventChange {
-				t.Fatalf("unexpected event %+v", ev)
-			}
-			var env decoder.Envelope
-			if err := json.Unmarshal(ev.Change, &env); err != nil {
-				t.Fatal(err)
-			}
-			v.Observe(journaltest.Item{Seq: env.Seq, Entity: env.Entity, EntitySeq: env.EntitySeq,
-				ID: fmt.Sprintf("%s:%s:%s", env.Op, env.Entity, env.Key["id"])})
-			n++
-		}
-		if err := v.Check(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	check(c)
+	expectCommitted(t, ctx, c, committed)
 
 	// A late client replays from the first client's starting cursor.
 	late, err := client.Dial(ctx, wsURL, client.Options{Token: tok})
@@ -92,7 +55,7 @@ func TestSyncEndToEnd(t *testing.T) {
 	if err := late.Subscribe("public.items", start); err != nil {
 		t.Fatal(err)
 	}
-	check(late)
+	expectCommitted(t, ctx, late, committed)
 
 	// walcast tail --socket prints the same changes as JSON lines.
 	tail := startWalcast(t, "tail", "--socket", wsURL, "--token", tok, "--topic", "public.items",
@@ -146,4 +109,52 @@ func startSync(t *testing.T, args ...string) (*proc, string) {
 		return m != nil && strings.HasPrefix(sync.readyz(), "ready")
 	})
 	return sync, wsURL
+}
+
+// subscribeItems dials the sync node at wsURL with a token for
+// public.items of subject sub, subscribes from the horizon and waits until
+// the subscription holds a cursor; it returns the token and the client.
+func subscribeItems(t *testing.T, ctx context.Context, wsURL, sub string) (string, *client.Client) {
+	t.Helper()
+	tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{
+		"sub": sub, "topics": []string{"public.items"}, "exp": time.Now().Add(time.Hour).Unix()}).SignedString([]byte(syncJWTSecret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Dial(ctx, wsURL, client.Options{Token: tok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if err := c.Subscribe("public.items", ""); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "subscribed", 30*time.Second, func() bool { return c.Cursor("public.items") != "" })
+	return tok, c
+}
+
+// expectCommitted reads len(committed) changes from c and fails unless
+// they are the committed ones, each once, in order (journaltest).
+func expectCommitted(t *testing.T, ctx context.Context, c *client.Client, committed []string) {
+	t.Helper()
+	v := journaltest.New()
+	v.Commit(committed...)
+	for n := 0; n < len(committed); n++ {
+		ev, err := c.Next(ctx)
+		if err != nil {
+			t.Fatalf("after %d of %d changes: %v", n, len(committed), err)
+		}
+		if ev.Type != client.EventChange {
+			t.Fatalf("after %d of %d changes: event %+v", n, len(committed), ev)
+		}
+		var env decoder.Envelope
+		if err := json.Unmarshal(ev.Change, &env); err != nil {
+			t.Fatal(err)
+		}
+		v.Observe(journaltest.Item{Seq: env.Seq, Entity: env.Entity, EntitySeq: env.EntitySeq,
+			ID: fmt.Sprintf("%s:%s:%s", env.Op, env.Entity, env.Key["id"])})
+	}
+	if err := v.Check(); err != nil {
+		t.Fatal(err)
+	}
 }
