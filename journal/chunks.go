@@ -148,6 +148,14 @@ func (a *pgArray) bool(v bool) {
 	a.nonNull = true
 }
 
+// str is text of a string, without converting it to a []byte first.
+func (a *pgArray) str(v string) {
+	a.data = binary.BigEndian.AppendUint32(a.data, uint32(len(v)))
+	a.data = append(a.data, v...)
+	a.n++
+	a.nonNull = true
+}
+
 func (a *pgArray) text(v []byte) {
 	a.data = binary.BigEndian.AppendUint32(a.data, uint32(len(v)))
 	a.data = append(a.data, v...)

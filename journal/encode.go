@@ -356,7 +356,7 @@ func (s *copySource) row(c *decoder.Change, seq int64, st entityState, op decode
 	}
 	k.n++
 	k.bytes += len(e)
-	k.entity.text([]byte(c.Entity))
+	k.entity.str(c.Entity)
 	k.entitySeq.int8(st.seq)
 	if hasTenant {
 		k.tenant.text(tenant)
@@ -364,7 +364,7 @@ func (s *copySource) row(c *decoder.Change, seq int64, st entityState, op decode
 		k.tenant.null()
 	}
 	k.unknown.bool(unknown)
-	k.op.text([]byte(op))
+	k.op.str(string(op))
 	// Only entities that carry tenants need their keys found again (to
 	// route a key-only delete, to see a row change tenant); indexing the
 	// others' keys would tax every append for nothing.
