@@ -83,7 +83,9 @@
 //     in-memory tail of this process's own appends; notify.go: LISTEN.
 //   - tenant.go, keycache.go: the tenant of a key's newest change.
 //   - retention.go: pruning; snapshot.go, snapshot_tables.go: snapshot
-//     requests and progress, and the publication's recorded tables;
+//     requests and progress, and the publication's recorded tables (all
+//     the snapshot worker uses of them is the snapshotBook interface in
+//     replication/snapshot_book.go);
 //     catalog.go: what readers may see of each table.
 //   - pool.go, limits_*.go: connections and their time bounds.
 package journal

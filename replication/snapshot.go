@@ -104,9 +104,10 @@ type chunk struct {
 // snapshotter runs snapshot requests for one session: the worker goroutine
 // (run) and the chunks it hands to the session's stream loop.
 type snapshotter struct {
-	r   *Replicator
-	gen int64
-	run string // random per session: watermarks of other sessions are ignored
+	r    *Replicator
+	book snapshotBook // the requests and their progress, in the journal
+	gen  int64
+	run  string // random per session: watermarks of other sessions are ignored
 
 	limit *rowLimiter // --snapshot-max-rows-per-second, over all workers
 
@@ -122,7 +123,7 @@ type snapshotter struct {
 func newSnapshotter(r *Replicator, gen int64) *snapshotter {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	return &snapshotter{r: r, gen: gen, run: hex.EncodeToString(b[:]), chunks: map[string]*chunk{}, busy: map[int64]bool{}, shrunk: map[int64]int{},
+	return &snapshotter{r: r, book: r.j, gen: gen, run: hex.EncodeToString(b[:]), chunks: map[string]*chunk{}, busy: map[int64]bool{}, shrunk: map[int64]int{},
 		limit: &rowLimiter{rate: float64(r.cfg.SnapshotMaxRowsPerSecond)}}
 }
 
@@ -182,7 +183,7 @@ func (s *snapshotter) claim(ctx context.Context) (journal.Snapshot, bool, error)
 		busy = append(busy, id)
 	}
 	s.mu.Unlock()
-	snap, ok, err := s.r.j.NextSnapshot(ctx, busy...)
+	snap, ok, err := s.book.NextSnapshot(ctx, busy...)
 	if ok {
 		s.mu.Lock()
 		s.busy[snap.ID] = true
@@ -286,23 +287,23 @@ func (s *snapshotter) worker(ctx context.Context) {
 // own, and the journal records the status in the same transaction. Where
 // that cannot be done (no connection), only the status is recorded.
 func (s *snapshotter) fail(ctx context.Context, conn *pgx.Conn, snap journal.Snapshot, reason string) error {
-	cur, err := s.r.j.SnapshotByID(ctx, snap.ID)
+	cur, err := s.book.SnapshotByID(ctx, snap.ID)
 	if err != nil {
 		return err
 	}
 	if cur.Status != journal.SnapshotRunning || cur.Chunks == 0 || conn == nil || conn.IsClosed() {
-		return s.r.j.FailSnapshot(ctx, s.gen, snap.ID, reason)
+		return s.book.FailSnapshot(ctx, s.gen, snap.ID, reason)
 	}
 	c := &chunk{id: snap.ID, entity: snap.Entity(), final: true, failed: reason, base: true, rowsBefore: cur.Rows, n: cur.Chunks + 1,
 		done: make(chan struct{})}
 	c.token = s.run + ":" + strconv.FormatInt(snap.ID, 10) + ":" + strconv.FormatInt(c.n, 10)
 	if err := s.emit(ctx, conn, watermark{Token: c.token, Mark: "low", Entity: c.entity}); err != nil {
-		return s.r.j.FailSnapshot(ctx, s.gen, snap.ID, reason)
+		return s.book.FailSnapshot(ctx, s.gen, snap.ID, reason)
 	}
 	s.register(c)
 	if err := s.emit(ctx, conn, watermark{Token: c.token, Mark: "high"}); err != nil {
 		s.take(c.token)
-		return s.r.j.FailSnapshot(ctx, s.gen, snap.ID, reason)
+		return s.book.FailSnapshot(ctx, s.gen, snap.ID, reason)
 	}
 	select {
 	case <-ctx.Done():
@@ -310,7 +311,7 @@ func (s *snapshotter) fail(ctx context.Context, conn *pgx.Conn, snap journal.Sna
 	case <-c.done:
 	}
 	if !c.ok {
-		return s.r.j.FailSnapshot(ctx, s.gen, snap.ID, reason)
+		return s.book.FailSnapshot(ctx, s.gen, snap.ID, reason)
 	}
 	return s.journaled(ctx, snap.ID, 0)
 }
@@ -492,7 +493,7 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 		// no reason to stop.
 		_ = conn.QueryRow(ctx, `SELECT coalesce(sum(greatest(c.reltuples, 0)), -1)::bigint FROM pg_partition_tree($1::regclass) p
 			JOIN pg_class c ON c.oid = p.relid WHERE p.isleaf`, pgx.Identifier{snap.Schema, snap.Table}.Sanitize()).Scan(&est)
-		if err := s.r.j.StartSnapshot(ctx, s.gen, snap.ID, est); err != nil {
+		if err := s.book.StartSnapshot(ctx, s.gen, snap.ID, est); err != nil {
 			return err
 		}
 		s.r.log.Info("snapshot started", "id", snap.ID, "table", t.entity, "chunk_size", snap.ChunkSize, "where", snap.Where)
@@ -547,7 +548,7 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 		// Hand chunks to the loop until the pipeline is full or the last
 		// chunk (fewer rows than asked, or a cancel) is in it.
 		for len(inflight) < snapshotInFlight && (len(inflight) == 0 || !inflight[len(inflight)-1].final) {
-			cur, err := s.r.j.SnapshotByID(ctx, snap.ID)
+			cur, err := s.book.SnapshotByID(ctx, snap.ID)
 			if err != nil {
 				return err
 			}
@@ -648,7 +649,7 @@ func (s *snapshotter) snapshot(ctx context.Context, conn *pgx.Conn, snap journal
 // own; a queue slow behind a huge transaction is logged now and then.
 func (s *snapshotter) journaled(ctx context.Context, id, n int64) error {
 	for waited := 1; ; waited++ {
-		cur, err := s.r.j.SnapshotByID(ctx, id)
+		cur, err := s.book.SnapshotByID(ctx, id)
 		if err != nil {
 			return err
 		}

@@ -108,7 +108,7 @@ func (s *snapshotter) checkPublication(ctx context.Context, conn *pgx.Conn) erro
 			return fmt.Errorf("publication %q does not exist; fix: CREATE PUBLICATION %s FOR TABLE …, or run with the --publication that exists", s.r.cfg.Publication, pgx.Identifier{s.r.cfg.Publication}.Sanitize())
 		}
 	}
-	known, recorded, err := s.r.j.PublishedTables(ctx)
+	known, recorded, err := s.book.PublishedTables(ctx)
 	if err != nil {
 		return err
 	}
@@ -129,7 +129,7 @@ func (s *snapshotter) checkPublication(ctx context.Context, conn *pgx.Conn) erro
 	if recorded {
 		reqs = s.r.snapshotRequests(added)
 	}
-	if err := s.r.j.RecordPublishedTables(ctx, s.gen, cur, reqs); err != nil {
+	if err := s.book.RecordPublishedTables(ctx, s.gen, cur, reqs); err != nil {
 		return err
 	}
 	for _, r := range reqs {
