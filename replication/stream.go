@@ -152,12 +152,26 @@ type streamLoop struct {
 	snaps *snapWindows   // the loop's side of snapshots
 	cats  *catalogWriter // nudged by Relation messages
 
+	// Batched reads (SO_RCVLOWAT) while far behind the server: behind is
+	// set when a transaction committed more than catchUpLag before it was
+	// decoded, cleared by a keepalive or a batched read that waited its
+	// lowatWait; lowat says the socket's option is raised, noLowat that
+	// the socket refused it.
+	behind, lowat, noLowat bool
+
 	sentWM      decoder.LSN
 	nextStatus  time.Time
 	lastAdvance time.Time
 	lastRecv    time.Time
 	txs         []*decoder.Transaction
 }
+
+// Batched reads while catching up (streamLoop.run).
+const (
+	catchUpLag     = time.Second           // age of a decoded commit from which reads are batched
+	recvBatchBytes = 8 << 10               // bytes a batched read waits for: pgconn's read buffer
+	lowatWait      = 20 * time.Millisecond // longest a batched read waits for them
+)
 
 func (l *streamLoop) run(ctx context.Context) error {
 	now := time.Now()
@@ -180,6 +194,10 @@ func (l *streamLoop) run(ctx context.Context) error {
 		stopOnDone()
 		l.wake.setInterrupt(nil)
 		_ = nc.SetReadDeadline(time.Time{}) // the connection outlives the loop
+		if l.lowat {
+			setRecvLowat(nc, 1)
+			l.lowat = false
+		}
 	}()
 	l.deadline = time.Time{}
 	for {
@@ -224,6 +242,28 @@ func (l *streamLoop) run(ctx context.Context) error {
 		if d := l.lastRecv.Add(silence); d.Before(deadline) {
 			deadline = d
 		}
+		// While far behind, a read wakes only once recvBatchBytes are
+		// waiting: one wake-up and one read per many messages, where a
+		// reader as fast as the server otherwise takes a few messages at a
+		// time (a third of walcast's CPU in a catch-up). lowatWait bounds
+		// what that can add to a change's latency; rounding it keeps the
+		// deadline from moving with every message.
+		if l.behind != l.lowat && !l.noLowat {
+			n := 1
+			if l.behind {
+				n = recvBatchBytes
+			}
+			if setRecvLowat(nc, n) {
+				l.lowat = l.behind
+			} else {
+				l.noLowat = true
+			}
+		}
+		if l.lowat {
+			if d := l.lastRecv.Truncate(lowatWait / 2).Add(lowatWait); d.Before(deadline) {
+				deadline = d
+			}
+		}
 		if !deadline.Equal(l.deadline) {
 			if err := nc.SetReadDeadline(deadline); err != nil {
 				return classifyStreamError("receive replication stream", err)
@@ -240,6 +280,9 @@ func (l *streamLoop) run(ctx context.Context) error {
 				return nil
 			}
 			if pgconn.Timeout(err) {
+				if l.lowat && !time.Now().Before(l.deadline) {
+					l.behind = false // fewer bytes than a batch came in lowatWait: read them
+				}
 				l.deadline = time.Time{} // an interrupt may have moved it
 				continue                 // status due, or woken by a new watermark
 			}
@@ -277,6 +320,10 @@ func (l *streamLoop) handle(ctx context.Context, msg pgproto3.BackendMessage) er
 			}
 			l.txs = l.dec.Committed(l.txs[:0])
 			if len(l.txs) > 0 {
+				// XLogData's WAL end is the message's own position in
+				// logical replication, so how far behind the stream is
+				// shows in the commit times instead.
+				l.behind = time.Since(l.txs[len(l.txs)-1].CommitTime) > catchUpLag
 				var progress map[*decoder.Transaction]*journal.SnapshotProgress
 				l.txs, progress = l.snaps.process(l.txs)
 				if kept := dropEmpty(l.txs); len(kept) > 0 {
@@ -291,6 +338,7 @@ func (l *streamLoop) handle(ctx context.Context, msg pgproto3.BackendMessage) er
 			}
 			end := decoder.LSN(k.ServerWALEnd)
 			l.r.serverEnd.Store(uint64(end))
+			l.behind = false // the server had nothing else to send
 			if l.dec.Idle() && l.q.idle() {
 				// Everything the server sent before end is journaled (or
 				// was not ours): covered, with nothing written.
