@@ -31,13 +31,10 @@ const maxExponent = 1 << 20
 // empty but not both), NaN, Infinity, -Infinity (any case, also inf). The
 // digits are appended to buf.
 func parseDecimal(s, buf []byte) (decimal, bool) {
-	switch strings.ToLower(string(s)) {
-	case "nan":
-		return decimal{class: nan}, true
-	case "infinity", "+infinity", "inf", "+inf":
-		return decimal{class: posInf}, true
-	case "-infinity", "-inf":
-		return decimal{class: negInf}, true
+	if len(s) > 0 && (s[0] < '0' || s[0] > '9') && s[0] != '.' {
+		if c, ok := specialClass(s); ok {
+			return decimal{class: c}, true
+		}
 	}
 	d := decimal{class: finite, digits: buf}
 	i := 0
@@ -152,4 +149,22 @@ func cmpDecimal(a, b *decimal) int {
 		m = bytes.Compare(a.digits, b.digits)
 	}
 	return m * sa
+}
+
+// specialClass reads NaN, Infinity and -Infinity in the spellings
+// PostgreSQL accepts (any case; inf for infinity; an optional +).
+func specialClass(s []byte) (int8, bool) {
+	if len(s) > 9 {
+		return 0, false
+	}
+	switch {
+	case bytes.EqualFold(s, []byte("nan")):
+		return nan, true
+	case bytes.EqualFold(s, []byte("infinity")), bytes.EqualFold(s, []byte("+infinity")),
+		bytes.EqualFold(s, []byte("inf")), bytes.EqualFold(s, []byte("+inf")):
+		return posInf, true
+	case bytes.EqualFold(s, []byte("-infinity")), bytes.EqualFold(s, []byte("-inf")):
+		return negInf, true
+	}
+	return 0, false
 }

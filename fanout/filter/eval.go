@@ -1,6 +1,9 @@
 package filter
 
-import "bytes"
+import (
+	"bytes"
+	"slices"
+)
 
 // Evaluation works on sets of possible truth values rather than on one:
 // a column the row does not carry could hold anything, so a comparison of
@@ -97,6 +100,7 @@ type node struct {
 	col  *column
 	c    value
 	set  []value
+	ints []int64 // set's integers, for the kinds compared as int64
 }
 
 func (n *node) eval(row *Row) tv {
@@ -153,6 +157,10 @@ func (n *node) eval(row *Row) tv {
 		return tvNotNull
 	}
 	if n.op == opIn {
+		if n.ints != nil {
+			_, found := slices.BinarySearch(n.ints, v.i)
+			return truth(found)
+		}
 		lo, hi := 0, len(n.set)
 		for lo < hi {
 			m := int(uint(lo+hi) >> 1)

@@ -366,6 +366,12 @@ func (c *compiler) comparison(colName, opName string, have int, val token, vals 
 		c.pop()
 		slices.SortFunc(n.set, func(a, b value) int { return compare(col, &a, &b) })
 		n.set = slices.CompactFunc(n.set, func(a, b value) bool { return compare(col, &a, &b) == 0 })
+		if col.intOrdered() {
+			for _, v := range n.set {
+				n.ints = append(n.ints, v.i)
+			}
+			n.set = nil
+		}
 		return n, nil
 	}
 	if have&fValues != 0 {

@@ -1,8 +1,8 @@
 package filter
 
 import (
+	"bytes"
 	"math"
-	"strings"
 )
 
 // Timestamps are microseconds since 2000-01-01 00:00:00 UTC, as PostgreSQL
@@ -17,10 +17,13 @@ import (
 // (a filter's value) the year has four digits, the separator is T and the
 // fields are checked against the calendar. zone reports an offset or Z.
 func parseTimestamp(s []byte, strict bool) (us int64, zone bool, ok bool) {
-	switch strings.ToLower(string(s)) {
-	case "infinity", "+infinity":
+	if us, ok := fastTimestamp(s); ok {
+		return us, true, true
+	}
+	switch {
+	case bytes.EqualFold(s, []byte("infinity")), bytes.EqualFold(s, []byte("+infinity")):
 		return math.MaxInt64, false, true
-	case "-infinity":
+	case bytes.EqualFold(s, []byte("-infinity")):
 		return math.MinInt64, false, true
 	}
 	i := 0
@@ -171,4 +174,29 @@ func daysFromCivil(y, m, d int64) int64 {
 	doy := (153*mp+2)/5 + d - 1
 	doe := yoe*365 + yoe/4 - yoe/100 + doy
 	return era*146097 + doe - 719468
+}
+
+// fastTimestamp reads the form the decoder writes for nearly every
+// timestamptz, "2026-11-29T23:21:24.123456Z", without the general parser.
+func fastTimestamp(s []byte) (int64, bool) {
+	if len(s) != 27 || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' || s[16] != ':' || s[19] != '.' || s[26] != 'Z' {
+		return 0, false
+	}
+	var f [8]int64
+	for k, r := range [8][2]int{{0, 4}, {5, 7}, {8, 10}, {11, 13}, {14, 16}, {17, 19}, {20, 26}} {
+		var v int64
+		for _, c := range s[r[0]:r[1]] {
+			if c < '0' || c > '9' {
+				return 0, false
+			}
+			v = v*10 + int64(c-'0')
+		}
+		f[k] = v
+	}
+	year, month, day, hour, minute, sec, frac := f[0], f[1], f[2], f[3], f[4], f[5], f[6]
+	if month < 1 || month > 12 || day < 1 || day > daysIn(year, month) || hour > 23 || minute > 59 || sec > 59 {
+		return 0, false
+	}
+	days := daysFromCivil(year, month, day) - daysFromCivil(2000, 1, 1)
+	return (((days*24+hour)*60+minute)*60+sec)*1_000_000 + frac, true
 }

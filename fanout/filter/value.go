@@ -254,6 +254,15 @@ func (c *column) constant(t token) (value, string) {
 	return value{bs: []byte(t.s)}, ""
 }
 
+// intOrdered reports whether c's values compare as their int64 field.
+func (c *column) intOrdered() bool {
+	switch c.kind {
+	case kInt, kIntEq, kTimestamptz, kTimestamp:
+		return true
+	}
+	return false
+}
+
 func (c *column) bits() int {
 	if c.f32 {
 		return 32
@@ -286,8 +295,8 @@ func (c *column) parse(raw, buf []byte) (v value, ok bool) {
 		if quoted {
 			raw = s
 		}
-		i, err := strconv.ParseInt(string(raw), 10, 64)
-		return value{i: i}, err == nil
+		i, ok := parseInt(raw)
+		return value{i: i}, ok
 	case kFloat:
 		if quoted {
 			f, ok := specialFloat(s)
@@ -379,15 +388,16 @@ func unquote(raw, buf []byte) ([]byte, bool) {
 // specialFloat reads the strings the decoder writes for float specials (and
 // the spellings PostgreSQL accepts for them).
 func specialFloat(s []byte) (float64, bool) {
-	switch strings.ToLower(string(s)) {
-	case "nan":
+	c, ok := specialClass(s)
+	switch {
+	case !ok:
+		return 0, false
+	case c == nan:
 		return math.NaN(), true
-	case "infinity", "+infinity", "inf", "+inf":
+	case c == posInf:
 		return math.Inf(1), true
-	case "-infinity", "-inf":
-		return math.Inf(-1), true
 	}
-	return 0, false
+	return math.Inf(-1), true
 }
 
 // cmpFloat orders floats as PostgreSQL does: NaN equals NaN and is greater
@@ -433,4 +443,31 @@ func canonicalUUID(s string) ([]byte, bool) {
 		out[i] = c
 	}
 	return out, true
+}
+
+// parseInt reads a decimal integer as the decoder writes one; short values
+// skip strconv.
+func parseInt(b []byte) (int64, bool) {
+	if len(b) == 0 || len(b) > 18 {
+		i, err := strconv.ParseInt(string(b), 10, 64)
+		return i, err == nil
+	}
+	neg := b[0] == '-'
+	if neg {
+		b = b[1:]
+		if len(b) == 0 {
+			return 0, false
+		}
+	}
+	var v int64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		v = v*10 + int64(c-'0')
+	}
+	if neg {
+		v = -v
+	}
+	return v, true
 }
