@@ -157,7 +157,7 @@ func TestAgreesWithPostgres(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The session settings the replication connection fixes, under which
+	// The settings the replication connection fixes, under which
 	// the decoder's value rules apply to the text forms read below.
 	for k, v := range map[string]string{"TimeZone": "UTC", "DateStyle": "ISO", "IntervalStyle": "iso_8601", "extra_float_digits": "3", "bytea_output": "hex"} {
 		cfg.RuntimeParams[k] = v
