@@ -279,12 +279,12 @@ func (c *compiler) node(depth int) (node, error) {
 	}
 	switch have {
 	case fAnd, fOr:
-		if len(kids) == 0 {
-			return node{}, c.err("%s needs at least one filter in its list", map[int]string{fAnd: "and", fOr: "or"}[have])
-		}
-		op := opAnd
+		op, word := opAnd, "and"
 		if have == fOr {
-			op = opOr
+			op, word = opOr, "or"
+		}
+		if len(kids) == 0 {
+			return node{}, c.err("%s needs at least one filter in its list", word)
 		}
 		if len(kids) == 1 {
 			return kids[0], nil

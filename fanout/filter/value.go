@@ -173,8 +173,11 @@ func (c *column) constant(t token) (value, string) {
 			return value{}, want
 		}
 		i, ok := d.int64()
-		if !ok {
+		switch {
+		case !ok && int(d.exp) < len(d.digits):
 			return value{}, fmt.Sprintf("%s is not an integer; %s", s, want)
+		case !ok:
+			return value{}, fmt.Sprintf("%s is out of its range (%d to %d)", s, c.lo, c.hi)
 		}
 		if i < c.lo || i > c.hi {
 			return value{}, fmt.Sprintf("%s is out of its range (%d to %d)", s, c.lo, c.hi)
