@@ -44,6 +44,12 @@ func pgCols() []pgCol {
 	texts := []string{"", "a", "A", "Z", "z", "é", "%", ".*", `\`, "a b", "ab", "a\t", "\x01", "😀", "zz", "paid", "Paid", "eu", "us", "a%b", "'", `"`}
 	tss := []string{"2026-11-29 23:21:24.123456+00", "2026-11-29 23:21:24+00", "1999-12-31 23:59:59.999999+00", "2000-01-01 00:00:00+00",
 		"1970-01-01 00:00:00+00", "2024-02-29 12:00:00+00", "infinity", "-infinity", "0044-03-15 12:00:00+00 BC", "10000-01-01 00:00:00+00"}
+	f4s := []string{"0", "-0", "0.1", "1.5", "-1.5", "3.4028235e38", "16777217", "NaN", "Infinity", "-Infinity"}
+	bps := []string{"", "a", "a ", " a", "ab", "abcd", "A", "é"}
+	uuids := []string{"00000000-0000-0000-0000-000000000000", "0b7e5a1c-61f2-4b0e-9d0a-6f1c2e3d4a5b", "ffffffff-ffff-ffff-ffff-ffffffffffff",
+		"0b7e5a1c-61f2-4b0e-9d0a-6f1c2e3d4a5c", "a0000000-0000-0000-0000-000000000000"}
+	tsns := []string{"2026-11-29 23:21:24.123456", "2026-11-29 23:21:24", "2000-01-01 00:00:00", "1999-12-31 23:59:59.999999",
+		"infinity", "-infinity", "0044-03-15 12:00:00 BC", "10000-01-01 00:00:00"}
 	return []pgCol{
 		{name: "i4", sqlType: "int4", info: decoder.ColumnInfo{TypeOID: 23},
 			rowValues: []string{"0", "1", "-1", "2", "100", "2147483647", "-2147483648", "7"},
@@ -77,6 +83,33 @@ func pgCols() []pgCol {
 				v := texts[r.IntN(len(texts))]
 				js, _ := json.Marshal(v)
 				return string(js), v
+			}},
+		{name: "f4", sqlType: "float4", info: decoder.ColumnInfo{TypeOID: 700}, rowValues: f4s,
+			constants: func(r *rand.Rand) (string, string) {
+				v := f4s[r.IntN(len(f4s))]
+				if v == "NaN" || strings.Contains(v, "Inf") {
+					return strconv.Quote(v), v
+				}
+				return v, v
+			}},
+		{name: "bp", sqlType: "char(4)", info: decoder.ColumnInfo{TypeOID: 1042}, rowValues: bps,
+			constants: func(r *rand.Rand) (string, string) {
+				v := bps[r.IntN(len(bps))]
+				return strconv.Quote(v), v
+			}},
+		{name: "u", sqlType: "uuid", info: decoder.ColumnInfo{TypeOID: 2950}, rowValues: uuids,
+			constants: func(r *rand.Rand) (string, string) {
+				v := uuids[r.IntN(len(uuids))]
+				if r.IntN(2) == 0 {
+					v = strings.ToUpper(v)
+				}
+				return strconv.Quote(v), v
+			}},
+		{name: "tsn", sqlType: "timestamp", info: decoder.ColumnInfo{TypeOID: 1114}, rowValues: tsns,
+			constants: func(r *rand.Rand) (string, string) {
+				v := []string{"2026-11-29T23:21:24.123456", "2026-11-29T23:21:24", "2000-01-01T00:00:00", "1999-12-31T23:59:59.999999",
+					"9999-12-31T23:59:59", "0001-01-01T00:00:00", "infinity", "-infinity"}[r.IntN(8)]
+				return strconv.Quote(v), v
 			}},
 		{name: "b", sqlType: "bool", info: decoder.ColumnInfo{TypeOID: 16}, rowValues: []string{"true", "false"},
 			constants: num("true", "false")},
@@ -121,12 +154,16 @@ func genFilter(r *rand.Rand, cols []pgCol, depth int, params *[]string) (js, sql
 	}
 	c := cols[r.IntN(len(cols))]
 	ref := c.name
-	if c.sqlType == "text" {
+	if c.sqlType == "text" || c.sqlType == "char(4)" {
 		ref += ` COLLATE "C"`
 	}
 	param := func(text string) string {
 		*params = append(*params, text)
-		return fmt.Sprintf("$%d::%s", len(*params), c.sqlType)
+		typ := c.sqlType
+		if typ == "char(4)" {
+			typ = "bpchar" // no length: a longer value is not cut to fit
+		}
+		return fmt.Sprintf("$%d::%s", len(*params), typ)
 	}
 	ops := []string{"=", "<>", "<", "<=", ">", ">=", "in", "is null", "is not null"}
 	switch op := ops[r.IntN(len(ops))]; op {
@@ -146,8 +183,8 @@ func genFilter(r *rand.Rand, cols []pgCol, depth int, params *[]string) (js, sql
 }
 
 // The filter agrees with PostgreSQL: for random rows (with NULLs, NaN,
-// infinities, int8 past 2^53, long numerics, BC and far-future times,
-// control characters) and random filters, the rows Match accepts are those
+// infinities, int8 past 2^53, long numerics, float4, padded character(n),
+// uuids, BC and far-future times, control characters) and random filters, the rows Match accepts are those
 // PostgreSQL's WHERE clause of the same filter returns, with text compared
 // under COLLATE "C".
 func TestAgreesWithPostgres(t *testing.T) {
