@@ -114,9 +114,8 @@ type Row struct {
 	JSONNull  []string
 }
 
-// Match evaluates the filter against row. It does not allocate for values
-// of ordinary sizes (strings with escapes or over 64 bytes, and numerics
-// with more digits, use a scratch allocation).
+// Match evaluates the filter against row. It allocates only to read a
+// string holding escapes or a numeric, either longer than 64 bytes.
 func (f *Filter) Match(row Row) Result {
 	m := f.root.eval(&row)
 	switch {

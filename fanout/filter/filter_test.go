@@ -159,6 +159,10 @@ func TestText(t *testing.T) {
 		{cmpF("t", "=", `".*"`), `{"t":"abc"}`, NoMatch},
 		{cmpF("t", "=", `"\\"`), `{"t":"\\"}`, Matches},
 		{cmpF("t", "=", `"a"`), `{"t":"a "}`, NoMatch},
+		// Bytes that are not UTF-8 (which the decoder never writes) still
+		// compare as bytes.
+		{cmpF("t", ">", `"a"`), "{\"t\":\"\xff\"}", Matches},
+		{cmpF("t", "=", `"\ufffd"`), "{\"t\":\"\xff\"}", NoMatch},
 		{cmpF("vc", ">=", `"b"`), `{"vc":"b"}`, Matches},
 		// character(n) ignores trailing spaces.
 		{cmpF("bp", "=", `"ab"`), `{"bp":"ab   "}`, Matches},
