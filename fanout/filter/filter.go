@@ -196,13 +196,12 @@ func (c *compiler) node(depth int) (node, error) {
 		return node{}, c.err("expected an object: %s", nodeForms)
 	}
 	var (
-		have      int
-		kids      []node
-		colName   string
-		opName    string
-		val       token
-		vals      []token
-		valuesBad bool
+		have    int
+		kids    []node
+		colName string
+		opName  string
+		val     token
+		vals    []token
 	)
 	err := c.object(func(key string) error {
 		bit, ok := fieldBits[key]
@@ -252,9 +251,7 @@ func (c *compiler) node(depth int) (node, error) {
 			return nil
 		default: // values
 			if c.peek() != '[' {
-				valuesBad = true
-				_, err := c.scalar()
-				return err
+				return c.err(`values must be a list: "values":[…]`)
 			}
 			return c.list("a list of values", func(int) error {
 				c.inValues++
@@ -302,11 +299,6 @@ func (c *compiler) node(depth int) (node, error) {
 	}
 	if have&fOp == 0 {
 		return node{}, c.err(`a comparison needs op, one of "=", "<>", "<", "<=", ">", ">=", "in", "is null", "is not null"`)
-	}
-	if valuesBad {
-		c.push("values")
-		defer c.pop()
-		return node{}, c.err(`values must be a list: "values":[…]`)
 	}
 	return c.comparison(colName, opName, have, val, vals)
 }
