@@ -6,7 +6,9 @@
 //   - fanout/publish: journal → NATS, part of `walcast run`;
 //   - fanout/sync: the sync node (sockets, HTTP reads, auth, drop windows,
 //     gap repair), `walcast sync`;
-//   - fanout/client: the Go client of a sync node.
+//   - fanout/client: the Go client of a sync node;
+//   - fanout/filter: the row filter language of filtered subscriptions
+//     (parse, type check, evaluate against row images), pure.
 //
 // publish and sync never import each other; the layering test in this
 // directory keeps it so.

@@ -10,7 +10,8 @@ import (
 // reaches the replication connection or the CLI; the publisher and the sync
 // node share only the bus contract and never import each other; the bus
 // imports neither nor the journal; the Go client speaks the wire protocol
-// only and carries none of the server side.
+// only and carries none of the server side; the filter language is pure,
+// reading column types from the decoder and nothing with a connection.
 func TestLayering(t *testing.T) {
 	const (
 		mod     = "github.com/walcast/walcast/"
@@ -18,6 +19,7 @@ func TestLayering(t *testing.T) {
 		publish = mod + "fanout/publish"
 		sync    = mod + "fanout/sync"
 		client  = mod + "fanout/client"
+		filter  = mod + "fanout/filter"
 	)
 	for pkg, forbidden := range map[string][]string{
 		bus:     {publish, sync, client, mod + "journal", mod + "replication", mod + "cmd/"},
@@ -26,6 +28,10 @@ func TestLayering(t *testing.T) {
 		client: {
 			bus, publish, sync, mod + "journal", mod + "replication",
 			"github.com/nats-io/", "github.com/jackc/",
+		},
+		filter: {
+			bus, publish, sync, client, mod + "journal", mod + "replication", mod + "cmd/",
+			"github.com/nats-io/", "github.com/jackc/", "net",
 		},
 	} {
 		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
