@@ -80,7 +80,7 @@ const docsStartSettle = 2 * time.Second
 
 // docBlock is a fenced shell block marked runnable.
 type docBlock struct {
-	file  string // as given to docBlocks
+	file  string // the page, as given to docBlocks or from the repository's root
 	line  int    // of the opening fence, 1-based
 	mode  string // "run", "background" or "start"
 	ready string // start: URL that answers 2xx once the block is ready; empty for none
@@ -162,6 +162,7 @@ type docRunner struct {
 	dir     string                           // working directory of every block
 	env     []string                         // environment of the next block; run blocks' exports update it
 	timeout time.Duration                    // per run block; per start block to become ready and to stop
+	settle  time.Duration                    // docsStartSettle, shorter in the runner's own test
 	logf    func(format string, args ...any) // when not nil, shows each run block's output
 	started []*startedBlock
 }
@@ -318,14 +319,14 @@ func (r *docRunner) start(b docBlock, n int) error {
 	r.started = append(r.started, s)
 	if b.ready == "" {
 		// Nothing to poll: the block is ready once it has run for
-		// docsStartSettle without exiting.
+		// r.settle without exiting.
 		select {
 		case <-s.done:
 			if b.mode == "background" && s.err == nil {
 				return nil
 			}
-			return blockError(b, fmt.Sprintf("exited (%v) within %s of its start; it must keep running", s.err, docsStartSettle), out)
-		case <-time.After(docsStartSettle):
+			return blockError(b, fmt.Sprintf("exited (%v) within %s of its start; it must keep running", s.err, r.settle), out)
+		case <-time.After(r.settle):
 		}
 		return nil
 	}
@@ -493,8 +494,16 @@ func TestDocsBlocksRun(t *testing.T) {
 		if len(blocks) == 0 {
 			continue
 		}
-		if before, ok := docsPrelude[filepath.ToSlash(f)[len(filepath.ToSlash(root))+1:]]; ok {
-			before.file = "(what " + filepath.ToSlash(f) + " assumes runs)"
+		rel, err := filepath.Rel(root, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel = filepath.ToSlash(rel)
+		for i := range blocks {
+			blocks[i].file = rel // reports name the page from the repository's root
+		}
+		if before, ok := docsPrelude[rel]; ok {
+			before.file = "(what " + rel + " assumes runs)"
 			blocks = append([]docBlock{before}, blocks...)
 		}
 		pages = append(pages, blocks)
@@ -541,7 +550,7 @@ func TestDocsBlocksRun(t *testing.T) {
 		if err := os.Symlink(filepath.Join(absRoot, "deploy"), filepath.Join(dir, "deploy")); err != nil {
 			t.Fatal(err)
 		}
-		r := &docRunner{dir: dir, env: append([]string(nil), base...), timeout: docsBlockTimeout}
+		r := &docRunner{dir: dir, env: append([]string(nil), base...), timeout: docsBlockTimeout, settle: docsStartSettle}
 		if testing.Verbose() {
 			r.logf = t.Logf
 		}
@@ -555,9 +564,11 @@ func TestDocsBlocksRun(t *testing.T) {
 }
 
 // TestDocsBlocksRunnerFails: the runner reports a block that exits non-zero,
-// a run block that outlives its timeout, a start block that exits early or
-// never gets ready, and misplaced or unknown markers; each report names the
-// file and line and shows the block and its output.
+// a run block that outlives its timeout, a start block that exits early,
+// exits while the page runs or never gets ready, a background block that
+// fails or never ends, and misplaced or unknown markers; each report names
+// the file and line and shows the block and its output. A page whose
+// blocks all do what they should passes.
 func TestDocsBlocksRunnerFails(t *testing.T) {
 	dir := t.TempDir()
 	page := filepath.Join(dir, "page.md")
@@ -567,6 +578,12 @@ func TestDocsBlocksRunnerFails(t *testing.T) {
 		"<!-- test: run -->\n```bash\necho sleeping\nsleep 30\n```\n\n" + // line 18
 		"<!-- test: start -->\n```sh\necho starting; exit 3\n```\n\n" + // line 24
 		"<!-- test: start http://127.0.0.1:1/never -->\n```sh\nsleep 30\n```\n\n" + // line 29
+		"<!-- test: background -->\n```sh\nsleep 0.5; echo background failing; exit 4\n```\n\n" + // line 34
+		"<!-- test: background -->\n```sh\nsleep 30\n```\n\n" + // line 39
+		"<!-- test: start -->\n```sh\necho serving; sleep 30\n```\n\n" + // line 44
+		"<!-- test: background -->\n```sh\necho done at once\n```\n\n" + // line 49
+		"<!-- test: start -->\n```sh\nsleep 0.5; echo dying; exit 5\n```\n\n" + // line 54
+		"<!-- test: run -->\n```sh\nsleep 0.6\n```\n\n" + // line 59
 		"```sh\nfalse   # not marked: never run\n```\n"
 	if err := os.WriteFile(page, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
@@ -575,11 +592,11 @@ func TestDocsBlocksRunnerFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(blocks) != 5 {
-		t.Fatalf("found %d runnable blocks, want 5: %+v", len(blocks), blocks)
+	if len(blocks) != 11 {
+		t.Fatalf("found %d runnable blocks, want 11: %+v", len(blocks), blocks)
 	}
 	newRunner := func() *docRunner {
-		return &docRunner{dir: t.TempDir(), env: docsEnv(), timeout: 2 * time.Second}
+		return &docRunner{dir: t.TempDir(), env: docsEnv(), timeout: time.Second, settle: 200 * time.Millisecond}
 	}
 
 	r := newRunner()
@@ -594,7 +611,7 @@ func TestDocsBlocksRunnerFails(t *testing.T) {
 
 	begun := time.Now()
 	err = r.runBlock(blocks[2], 2)
-	mustReport(t, "a block that outlives its timeout", err, "page.md:18", "did not finish within 2s", "sleeping", "sleep 30")
+	mustReport(t, "a block that outlives its timeout", err, "page.md:18", "did not finish within 1s", "sleeping", "sleep 30")
 	if d := time.Since(begun); d > 10*time.Second {
 		t.Errorf("the timed-out block took %s to be stopped", d)
 	}
@@ -605,7 +622,24 @@ func TestDocsBlocksRunnerFails(t *testing.T) {
 
 	r = newRunner()
 	err = r.runPage(blocks[4:5])
-	mustReport(t, "a start block that never gets ready", err, "page.md:29", "was not ready within 2s", "http://127.0.0.1:1/never")
+	mustReport(t, "a start block that never gets ready", err, "page.md:29", "was not ready within 1s", "http://127.0.0.1:1/never")
+
+	r = newRunner()
+	err = r.runPage(blocks[5:6])
+	mustReport(t, "a background block that exits 4", err, "page.md:34", "failed (exit status 4)", "background failing")
+
+	r = newRunner()
+	err = r.runPage(blocks[6:7])
+	mustReport(t, "a background block that never ends", err, "page.md:39", "did not finish within 1s")
+
+	r = newRunner()
+	if err := r.runPage(blocks[7:9]); err != nil {
+		t.Errorf("a page whose server runs to its end and whose background block exits 0 failed: %v", err)
+	}
+
+	r = newRunner()
+	err = r.runPage(blocks[9:11])
+	mustReport(t, "a start block that exits while the page runs", err, "page.md:54", "exited (exit status 5) before the page's last block had run", "dying")
 
 	for _, bad := range []string{
 		"<!-- test: run -->\n\n```sh\necho x\n```\n",
