@@ -357,8 +357,8 @@ func answers(url string) bool {
 
 // stop ends the page's background and start blocks. With wait (the page's
 // blocks all ran) each background block must first exit 0 by itself
-// within the timeout. Then, newest first, each block still running gets
-// SIGTERM to its process group, and SIGKILL for what is left after the
+// within the timeout. Then each block still running gets SIGTERM to its
+// process group, all at once, and SIGKILL for what is left after the
 // timeout. It fails when a start block had already exited, or one did not
 // stop in time.
 func (r *docRunner) stop(wait bool) error {
@@ -382,12 +382,14 @@ func (r *docRunner) stop(wait bool) error {
 		}
 		errs = append(errs, r.check())
 	}
+	// SIGTERM to every block still running at once, then wait for each
+	// within one deadline.
+	var stopping []*startedBlock
 	for i := len(r.started) - 1; i >= 0; i-- {
 		s := r.started[i]
-		pgid := s.cmd.Process.Pid
 		select {
 		case <-s.done:
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
 			continue
 		default:
 		}
@@ -395,10 +397,15 @@ func (r *docRunner) stop(wait bool) error {
 			o, _ := os.ReadFile(s.out)
 			r.logf("%s: stopping; its output so far:\n%s", s.blk.where(), o)
 		}
-		_ = syscall.Kill(-pgid, syscall.SIGTERM)
+		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGTERM)
+		stopping = append(stopping, s)
+	}
+	deadline := time.After(r.timeout)
+	for _, s := range stopping {
+		pgid := s.cmd.Process.Pid
 		select {
 		case <-s.done:
-		case <-time.After(r.timeout):
+		case <-deadline:
 			errs = append(errs, blockError(s.blk, fmt.Sprintf("did not stop within %s of SIGTERM (killed)", r.timeout), s.out))
 			_ = syscall.Kill(-pgid, syscall.SIGKILL)
 			<-s.done
