@@ -55,12 +55,14 @@ func shellWords(line string) []string {
 var (
 	shellFence = regexp.MustCompile("^\\s*```(sh|bash|shell|console)\\s*$")
 	envAssign  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*=`)
+	// cmdSubst matches a walcast command inside $(…), as in TOKEN=$(walcast token …).
+	cmdSubst = regexp.MustCompile(`\$\(((?:bin/)?walcast [^)]*)\)`)
 )
 
 // docCommands returns the walcast command lines of the fenced shell blocks
 // of a Markdown file: continuation lines joined, environment assignments
 // before the command dropped, the command started by `walcast` or
-// `bin/walcast`.
+// `bin/walcast`, or inside a command substitution $(…).
 func docCommands(t *testing.T, file string) []docCommand {
 	t.Helper()
 	b, err := os.ReadFile(file)
@@ -85,6 +87,9 @@ func docCommands(t *testing.T, file string) []docCommand {
 		for strings.HasSuffix(strings.TrimRight(line, " "), "\\") && i+1 < len(lines) {
 			line = strings.TrimSuffix(strings.TrimRight(line, " "), "\\") + " " + lines[i+1]
 			i++
+		}
+		if m := cmdSubst.FindStringSubmatch(line); m != nil {
+			line = m[1]
 		}
 		words := shellWords(strings.TrimPrefix(strings.TrimSpace(line), "$ "))
 		for len(words) > 0 && envAssign.MatchString(words[0]) {
@@ -143,8 +148,8 @@ func checkDocCommands(t *testing.T, files []string) (bad []string, n int) {
 }
 
 // TestDocsCommandsParseFindsEachKind: the check finds an unknown command,
-// an unknown flag and a bad value, through continuation lines, comments
-// and environment assignments, and passes good lines.
+// an unknown flag and a bad value, through continuation lines, comments,
+// environment assignments and command substitutions, and passes good lines.
 func TestDocsCommandsParseFindsEachKind(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "page.md")
 	page := "text\n```sh\n" +
@@ -153,16 +158,17 @@ func TestDocsCommandsParseFindsEachKind(t *testing.T) {
 		"walcast run --publication p \\\n  --retention-max-rows many\n" +
 		"walcast tail --nats-url nats://127.0.0.1:4222 --subject 'walcast.change.public.orders.*'\n" +
 		"echo walcast run --no-such-flag\n" +
+		"TOKEN=$(bin/walcast token --dev --no-such-flag)   # a command substitution\n" +
 		"```\n" +
 		"walcast run --outside-a-block\n"
 	if err := os.WriteFile(f, []byte(page), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	bad, n := checkDocCommands(t, []string{f})
-	if n != 4 || len(bad) != 3 {
-		t.Fatalf("checked %d lines, found %d bad, want 4 and 3: %q", n, len(bad), bad)
+	if n != 5 || len(bad) != 4 {
+		t.Fatalf("checked %d lines, found %d bad, want 5 and 4: %q", n, len(bad), bad)
 	}
-	for i, want := range []string{"no such command", "unknown flag: --no-such-flag", "invalid argument \"many\""} {
+	for i, want := range []string{"no such command", "unknown flag: --no-such-flag", "invalid argument \"many\"", "unknown flag: --no-such-flag"} {
 		if !strings.Contains(bad[i], want) {
 			t.Errorf("finding %d: %q, want it to say %q", i, bad[i], want)
 		}
