@@ -1031,8 +1031,10 @@ func touchedBy(tx *decoder.Transaction) touched {
 // remember records a committed transaction's xid and what it changed.
 func (w *snapWindows) remember(xid uint32, t touched) {
 	if w.recent == nil {
-		w.recent = make(map[uint32]touched, recentXids)
-		w.ring = make([]uint32, 0, recentXids)
+		// No size hint: a map sized for recentXids would be cleared in
+		// full (megabytes) by every session, however few it remembers.
+		w.recent = make(map[uint32]touched)
+		w.ring = make([]uint32, 0, 1024)
 	}
 	w.seq++
 	if len(w.ring) < recentXids {

@@ -154,8 +154,8 @@ type streamLoop struct {
 
 	// Batched reads (SO_RCVLOWAT) while far behind the server: behind is
 	// set when a transaction committed more than catchUpLag before it was
-	// decoded, cleared by a keepalive or a batched read that waited its
-	// lowatWait; lowat says the socket's option is raised, noLowat that
+	// decoded, cleared by a batched read that waited its lowatWait (or a
+	// recent commit); lowat says the socket's option is raised, noLowat that
 	// the socket refused it.
 	behind, lowat, noLowat bool
 
@@ -338,7 +338,6 @@ func (l *streamLoop) handle(ctx context.Context, msg pgproto3.BackendMessage) er
 			}
 			end := decoder.LSN(k.ServerWALEnd)
 			l.r.serverEnd.Store(uint64(end))
-			l.behind = false // the server had nothing else to send
 			if l.dec.Idle() && l.q.idle() {
 				// Everything the server sent before end is journaled (or
 				// was not ours): covered, with nothing written.
