@@ -94,6 +94,12 @@ type Entry struct {
 	// Epoch is the epoch the entry was journaled in; set by ReadAfter (the
 	// publisher's read, for message ids) and zero elsewhere.
 	Epoch int64
+	// TxnEnd, set by Changes, says the entry is the last of its source
+	// transaction among the entries the query's scope (entities, tenant)
+	// selects: no later entry of that scope shares its commit LSN. A
+	// cursor right after such an entry is at a transaction boundary of
+	// the scope.
+	TxnEnd bool
 }
 
 // ResyncReason says why a read requires a resync.
@@ -214,6 +220,9 @@ func (j *Journal) Changes(ctx context.Context, q Query) (Result, error) {
 		return res, nil
 	}
 	res.Changes = rows.entries
+	if err := j.markTxnEnds(ctx, sc, &rows); err != nil {
+		return Result{}, opErr(op, err, "")
+	}
 	// Every entry in (start, min(start+window, horizon)] was scanned in the
 	// read's snapshot; with fewer than limit matches the cursor moves to the
 	// end of that range, so a filtered reader keeps up with the log.
@@ -248,7 +257,41 @@ type readRows struct {
 	start                     int64 // position the read started after
 	window                    int64 // entries (start, start+window] were scanned
 	entries                   []Entry
-	cut                       bool // more matching entries were left out by the byte bound
+	next                      []pgtype.Int8 // next[i]: commit_lsn of the next matching entry in the window after entries[i]
+	cut                       bool          // more matching entries were left out by the byte bound
+}
+
+// markTxnEnds sets TxnEnd on the entries read: an entry ends its
+// transaction in the scope when the next entry of the scope belongs to
+// another transaction, or when no entry of the scope follows it up to the
+// horizon (always a transaction boundary). Only the last entry can lack a
+// next one within the scanned window; when the window stopped short of
+// the horizon, TxnRest looks at the rest of its transaction.
+func (j *Journal) markTxnEnds(ctx context.Context, sc scope, rows *readRows) error {
+	for i := range rows.entries {
+		e := &rows.entries[i]
+		if nx := rows.next[i]; nx.Valid {
+			e.TxnEnd = decoder.LSN(nx.Int64) != e.CommitLSN
+			continue
+		}
+		end := rows.start + rows.window
+		if end >= rows.horizon {
+			e.TxnEnd = true
+			continue
+		}
+		rest, err := j.TxnRest(ctx, end, e.CommitLSN)
+		if err != nil {
+			return err
+		}
+		e.TxnEnd = true
+		for k := range rest {
+			if sc.sees(k) {
+				e.TxnEnd = false
+				break
+			}
+		}
+	}
+	return nil
 }
 
 // scanWindow bounds how many entries one read scans: seq is contiguous, so
@@ -288,14 +331,15 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, epoch
 	// first whose predecessors reach it: before_bytes >= $5) that only tells
 	// the caller the read was cut; its row is dropped.
 	sql := `SELECT b.horizon, b.floor, b.resync_seq, b.epoch, b.start,
-		e.seq, e.entity, e.entity_seq, e.tenant, e.tenant_unknown, e.op, e.lsn, e.commit_lsn, e.commit_time, e.envelope, e.before_bytes, e.xid8
+		e.seq, e.entity, e.entity_seq, e.tenant, e.tenant_unknown, e.op, e.lsn, e.commit_lsn, e.commit_time, e.envelope, e.before_bytes, e.xid8, e.next_commit
 	FROM (SELECT m.next_seq - 1 AS horizon, r.floor, m.resync_seq, m.epoch,
 			coalesce($1::bigint, CASE WHEN $2::boolean THEN greatest(r.floor - 1, m.resync_seq) ELSE m.next_seq - 1 END) AS start
 		FROM ` + j.sql.meta + ` m, ` + j.sql.retention + ` r LIMIT 1) b
 	LEFT JOIN LATERAL (
 		SELECT * FROM (
 			SELECT e.*, sum(e.size) OVER w - e.size AS before_bytes,
-				sum(e.size) OVER w - e.size - coalesce(lag(e.size) OVER w, 0) AS prev_before
+				sum(e.size) OVER w - e.size - coalesce(lag(e.size) OVER w, 0) AS prev_before,
+				lead(e.commit_lsn) OVER w AS next_commit
 			FROM (
 				SELECT * FROM ` + j.entriesIn("b.start", "b.start + $4::bigint", readColumnsXid8...) + ` e
 				WHERE b.start >= b.floor - 1 AND b.start >= b.resync_seq AND b.start <= b.horizon
@@ -319,8 +363,8 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, epoch
 	err = queryInOrder(ctx, conn, sql, args, func(rows pgx.Rows) error {
 		var c entryCols
 		var before *int64
-		var x8 pgtype.Int8
-		if err := rows.Scan(append(append([]any{&out.horizon, &out.floor, &out.resyncSeq, &out.epoch, &out.start}, c.dest()...), &before, &x8)...); err != nil {
+		var x8, next pgtype.Int8
+		if err := rows.Scan(append(append([]any{&out.horizon, &out.floor, &out.resyncSeq, &out.epoch, &out.start}, c.dest()...), &before, &x8, &next)...); err != nil {
 			return err
 		}
 		e, ok := c.entry()
@@ -331,6 +375,7 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, epoch
 			out.cut = true // one more matches beyond the bounds
 		default:
 			out.entries = append(out.entries, e)
+			out.next = append(out.next, next)
 		}
 		return nil
 	})

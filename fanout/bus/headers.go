@@ -21,6 +21,21 @@ const (
 	HeaderCommitLSN     = "Walcast-Commit-Lsn"     // X/X
 	HeaderTenant        = "Walcast-Tenant"         // the change's tenant (possibly ""), when it has one of at most MaxHeaderValueBytes
 	HeaderTenantUnknown = "Walcast-Tenant-Unknown" // "true" only for a tenant-unknown change
+	HeaderTxnEnd        = "Walcast-Txn-End"        // TxnEndTenant or TxnEndEntity on a transaction's last message of its class; absent otherwise
+)
+
+// Values of HeaderTxnEnd. A source transaction's messages share
+// Walcast-Commit-Lsn (its commit end LSN). The last of them on a subject
+// (one entity and one tenant token; tenant-unknown changes, which go out
+// under the no-tenant token, count as a class of their own) carries
+// TxnEndTenant; the last of the entity's messages in the transaction, on
+// whichever subject, carries TxnEndEntity instead, which implies
+// TxnEndTenant for its subject. So a subscriber of one subject has the
+// whole transaction at TxnEndTenant (or TxnEndEntity), and a subscriber of
+// an entity's wildcard subject (every tenant) at TxnEndEntity.
+const (
+	TxnEndTenant = "tenant"
+	TxnEndEntity = "entity"
 )
 
 // MaxHeaderValueBytes bounds the Walcast-Entity and Walcast-Tenant values.

@@ -33,7 +33,7 @@ func BenchmarkMessage(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		if m, _ := p.message(&es[i%len(es)], 1<<20); m == nil {
+		if m, _ := p.message(&es[i%len(es)], 1<<20, ""); m == nil {
 			b.Fatal("no message")
 		}
 	}

@@ -116,6 +116,7 @@ type Publisher struct {
 	unparsedQuiet uint64
 
 	mc       msgCache                           // strings entries share (message); owned by Run
+	rest     *txnRest                           // the transaction the last batch ended inside (txnEnds); owned by Run
 	byEntity *decoder.Counters                  // published by entity and op, read by metrics
 	counts   map[string]*decoder.EntityCounters // byEntity's entries by entity; owned by Run
 	tracer   trace.Tracer
@@ -434,7 +435,7 @@ func (p *Publisher) step(ctx context.Context, pos int64) (int64, error) {
 		attribute.Int("walcast.entries", len(lg.Entries)),
 		attribute.Int64("walcast.seq.first", lg.Entries[0].Seq),
 		attribute.Int64("walcast.seq.last", last)))
-	next, err := p.publish(sctx, pos, lg.Entries)
+	next, err := p.publish(sctx, pos, lg.Entries, lg.Horizon)
 	if err != nil && !errors.Is(err, errResume) {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "publish failed")
@@ -498,8 +499,12 @@ func (p *Publisher) caughtUp(ctx context.Context, pos, horizon int64) error {
 // the published position moves only as far as the stream has acknowledged
 // (publishJS leaves this batch in flight), so a position message or a
 // saved position never counts an entry the stream may not hold.
-func (p *Publisher) publish(ctx context.Context, pos int64, entries []journal.Entry) (int64, error) {
+func (p *Publisher) publish(ctx context.Context, pos int64, entries []journal.Entry, horizon int64) (int64, error) {
 	max, err := p.payloadLimit()
+	if err != nil {
+		return pos, err
+	}
+	ends, err := p.txnEnds(ctx, entries, horizon)
 	if err != nil {
 		return pos, err
 	}
@@ -508,7 +513,7 @@ func (p *Publisher) publish(ctx context.Context, pos int64, entries []journal.En
 		msgs = make([]*nats.Msg, 0, len(entries))
 	}
 	for i := range entries {
-		msg, over := p.message(&entries[i], max)
+		msg, over := p.message(&entries[i], max, ends[i])
 		if p.js != nil {
 			msgs = append(msgs, msg)
 		} else if err := p.nc.PublishMsg(msg); err != nil {
@@ -541,6 +546,87 @@ func (p *Publisher) publish(ctx context.Context, pos int64, entries []journal.En
 		}
 	}
 	return last, nil
+}
+
+// txnClass is the class of entries one subject carries, for
+// bus.HeaderTxnEnd: an entity and a tenant token, tenant-unknown entries
+// apart.
+type txnClass struct {
+	entity, tenant   string
+	hasTenant, unkno bool
+}
+
+// txnRest caches the end of the transaction a batch ended inside: the last
+// seq of each class among its entries after the batch, read once per
+// transaction however many batches it spans.
+type txnRest struct {
+	commit decoder.LSN
+	epoch  int64
+	last   map[txnClass]int64 // class → last seq of the transaction
+	entity map[string]int64   // entity → last seq of the transaction
+}
+
+// txnEnds returns, per entry, the bus.HeaderTxnEnd value it carries ("" for
+// none). Entries of a transaction are contiguous and share commit_lsn;
+// when the batch ends below the horizon inside a transaction, the rest of
+// that transaction is looked up in the journal (journal.TxnRest, only the
+// classes of its entries) before anything is decided, so a mark never
+// depends on where a batch happened to end.
+func (p *Publisher) txnEnds(ctx context.Context, entries []journal.Entry, horizon int64) ([]string, error) {
+	ends := make([]string, len(entries))
+	if len(entries) == 0 {
+		return ends, nil
+	}
+	last := &entries[len(entries)-1]
+	var rest *txnRest
+	if last.Seq < horizon {
+		r := p.rest
+		if r == nil || r.commit != last.CommitLSN || r.epoch != last.Epoch {
+			m, err := p.j.TxnRest(ctx, last.Seq, last.CommitLSN)
+			if err != nil {
+				return nil, err
+			}
+			r = &txnRest{commit: last.CommitLSN, epoch: last.Epoch, last: map[txnClass]int64{}, entity: map[string]int64{}}
+			for k, seq := range m {
+				c := txnClass{entity: k.Entity, tenant: k.Tenant, hasTenant: k.HasTenant, unkno: k.TenantUnknown}
+				r.last[c] = max(r.last[c], seq)
+				r.entity[k.Entity] = max(r.entity[k.Entity], seq)
+			}
+			p.rest = r
+		}
+		rest = r
+	}
+	var seenClass map[txnClass]bool
+	var seenEntity map[string]bool
+	commit := decoder.LSN(0)
+	for i := len(entries) - 1; i >= 0; i-- {
+		e := &entries[i]
+		if i == len(entries)-1 || e.CommitLSN != commit {
+			commit = e.CommitLSN
+			seenClass, seenEntity = map[txnClass]bool{}, map[string]bool{}
+			if rest != nil && commit == rest.commit {
+				for c, seq := range rest.last {
+					if seq > e.Seq {
+						seenClass[c] = true
+					}
+				}
+				for en, seq := range rest.entity {
+					if seq > e.Seq {
+						seenEntity[en] = true
+					}
+				}
+			}
+		}
+		c := txnClass{entity: e.Entity, tenant: e.Tenant, hasTenant: e.HasTenant, unkno: e.TenantUnknown}
+		switch {
+		case !seenEntity[e.Entity]:
+			ends[i] = bus.TxnEndEntity
+		case !seenClass[c]:
+			ends[i] = bus.TxnEndTenant
+		}
+		seenClass[c], seenEntity[e.Entity] = true, true
+	}
+	return ends, nil
 }
 
 // recordDue is how long until the published position is to be saved
@@ -623,7 +709,7 @@ func (p *Publisher) record(ctx context.Context, seq int64) error {
 // It runs once per entry, so it allocates little: the strings entries share
 // (subject, epoch, commit LSN) come from p.mc, the header values share one
 // array, and Walcast-Seq is the end of the Nats-Msg-Id string.
-func (p *Publisher) message(e *journal.Entry, max int) (m *nats.Msg, over bool) {
+func (p *Publisher) message(e *journal.Entry, max int, txnEnd string) (m *nats.Msg, over bool) {
 	subject := p.mc.subject(p.cfg.Prefix, e)
 	epoch := p.mc.epochHex(e.Epoch)
 	var buf [96]byte
@@ -642,6 +728,9 @@ func (p *Publisher) message(e *journal.Entry, max int) (m *nats.Msg, over bool) 
 	h.set(bus.HeaderCommitLSN, p.mc.lsnText(e.CommitLSN))
 	if e.TenantUnknown {
 		h.set(bus.HeaderTenantUnknown, "true")
+	}
+	if txnEnd != "" {
+		h.set(bus.HeaderTxnEnd, txnEnd)
 	}
 	if len(e.Entity) <= bus.MaxHeaderValueBytes {
 		h.set(bus.HeaderEntity, e.Entity)
@@ -771,7 +860,7 @@ type headers struct {
 // newHeaders has room for the headers of most entries (message sets six to
 // eight; the map then needs no growing).
 func newHeaders() headers {
-	return headers{h: make(nats.Header, 8), vals: make([]string, 0, 8),
+	return headers{h: make(nats.Header, 9), vals: make([]string, 0, 9),
 		size: len("NATS/1.0\r\n") + len("\r\n")}
 }
 

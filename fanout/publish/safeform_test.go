@@ -112,7 +112,7 @@ func TestRowReferenceFitsMinPayload(t *testing.T) {
 	e := journal.Entry{Seq: math.MaxInt64, EntitySeq: math.MaxInt64, Entity: long + "." + long, Tenant: long, HasTenant: true,
 		TenantUnknown: true, Op: decoder.OpSnapshotBegin, LSN: math.MaxUint64, CommitLSN: math.MaxUint64,
 		CommitTime: time.Now(), Epoch: math.MaxInt64, Envelope: []byte("{" + strings.Repeat("[", 20000))}
-	m, over := p.message(&e, minPayload)
+	m, over := p.message(&e, minPayload, "")
 	if !over {
 		t.Fatal("an unparsable envelope larger than the limit went out as is")
 	}
@@ -125,7 +125,7 @@ func TestRowReferenceFitsMinPayload(t *testing.T) {
 	}
 	// With names that fit, the row reference carries them, escaped.
 	e.Entity, e.Tenant = "public.we\"ird\x01", "t\\\xff"
-	m, _ = p.message(&e, minPayload)
+	m, _ = p.message(&e, minPayload, "")
 	if err := json.Unmarshal(m.Data, &ref); err != nil || ref["entity"] != e.Entity || ref["tenant"] != "t\\\ufffd" {
 		t.Fatalf("reference %s (%v)", m.Data, err)
 	}

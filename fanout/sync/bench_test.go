@@ -278,7 +278,7 @@ func BenchmarkLoopbackFloor10k(b *testing.B) {
 	for i := range all {
 		all[i] = <-conns
 	}
-	f := changeFrame(orders, "c", bytes.Repeat([]byte("x"), 2000))
+	f := changeFrame(orders, "c", bytes.Repeat([]byte("x"), 2000), true)
 	var loop time.Duration
 	b.ResetTimer()
 	for i := range b.N {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/walcast/walcast/journal"
 )
@@ -12,14 +13,27 @@ import (
 // changesResponse is the JSON of GET /v1/changes: the journal read result
 // of DESIGN §5.
 type changesResponse struct {
-	Changes        []json.RawMessage `json:"changes"`
-	Cursor         string            `json:"cursor"`
-	More           bool              `json:"more"`
-	ResyncRequired bool              `json:"resyncRequired,omitempty"`
-	Reason         string            `json:"reason,omitempty"`
-	ResyncCursor   string            `json:"resyncCursor,omitempty"`
-	Horizon        int64             `json:"horizon"`
+	Changes []json.RawMessage `json:"changes"`
+	// Cursor is after the last change, always at a transaction boundary;
+	// empty in a partial response.
+	Cursor string `json:"cursor"`
+	More   bool   `json:"more"`
+	// Partial: the changes are the start (or a middle part) of one
+	// transaction larger than a page; Continue reads on from after them.
+	// Continue is not a cursor: it is refused as one, and a consumer
+	// keeps its last cursor until a response that is not partial.
+	Partial        bool   `json:"partial,omitempty"`
+	Continue       string `json:"continue,omitempty"`
+	ResyncRequired bool   `json:"resyncRequired,omitempty"`
+	Reason         string `json:"reason,omitempty"`
+	ResyncCursor   string `json:"resyncCursor,omitempty"`
+	Horizon        int64  `json:"horizon"`
 }
+
+// continuePrefix starts the continue value of a partial /v1/changes
+// response: a position inside a transaction, which must never be taken for
+// a cursor (cursors are base64url, so never hold a '.').
+const continuePrefix = "txn."
 
 func writeJSONError(w http.ResponseWriter, status int, code, msg string) {
 	w.Header().Set("Content-Type", "application/json")
@@ -59,6 +73,16 @@ func (n *Node) serveChanges(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := journal.Query{Entities: []string{topic}, Tenant: claims.Tenant, Cursor: qv.Get("cursor")}
+	if c := qv.Get("continue"); c != "" {
+		if q.Cursor != "" || !strings.HasPrefix(c, continuePrefix) {
+			writeJSONError(w, http.StatusBadRequest, "bad-continue", "continue takes the continue value of a partial response, and no cursor with it")
+			return
+		}
+		q.Cursor = strings.TrimPrefix(c, continuePrefix)
+	} else if strings.HasPrefix(q.Cursor, continuePrefix) {
+		writeJSONError(w, http.StatusBadRequest, "bad-cursor", "this is the continue value of a partial response, not a cursor: pass it as continue=, and keep your last cursor")
+		return
+	}
 	if l := qv.Get("limit"); l != "" {
 		if q.Limit, err = strconv.Atoi(l); err != nil || q.Limit < 0 {
 			writeJSONError(w, http.StatusBadRequest, "bad-limit", "limit must be a non-negative integer")
@@ -84,8 +108,27 @@ func (n *Node) serveChanges(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusServiceUnavailable, "unavailable", "journal unavailable; retry")
 		return
 	}
-	out := changesResponse{Changes: make([]json.RawMessage, len(res.Changes)), Cursor: res.Cursor, More: res.More,
+	out := changesResponse{Cursor: res.Cursor, More: res.More,
 		ResyncRequired: res.ResyncRequired, Reason: string(res.Reason), ResyncCursor: res.ResyncCursor, Horizon: res.Horizon}
+	if k := len(res.Changes); k > 0 && !res.Changes[k-1].TxnEnd {
+		// The page ends inside a transaction: it ends at the last
+		// transaction boundary in it instead, or, when its first
+		// transaction does not end within it, is a partial page.
+		for k > 0 && !res.Changes[k-1].TxnEnd {
+			k--
+		}
+		if k == 0 {
+			out.Partial, out.Continue, out.Cursor = true, continuePrefix+res.Cursor, ""
+		} else {
+			res.Changes = res.Changes[:k]
+			if out.Cursor, err = n.j.CursorAt(q, res.Epoch, res.Changes[k-1].Seq); err != nil {
+				writeJSONError(w, http.StatusServiceUnavailable, "unavailable", "cannot issue cursors; retry")
+				return
+			}
+		}
+		out.More = true
+	}
+	out.Changes = make([]json.RawMessage, len(res.Changes))
 	for i, e := range res.Changes {
 		out.Changes[i] = e.Envelope
 	}

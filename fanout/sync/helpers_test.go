@@ -189,8 +189,12 @@ func (e *syncEnv) entries(first, last int64) []journal.Entry {
 // publish publishes entries as the publisher does.
 func (e *syncEnv) publish(entries ...journal.Entry) {
 	e.t.Helper()
-	for _, en := range entries {
-		if err := e.pub.PublishMsg(publishedMsg("walcast", e.j.ID(), en)); err != nil {
+	for i, en := range entries {
+		m := publishedMsg("walcast", e.j.ID(), en)
+		if end := txnEndMark(entries, i); end != "" {
+			m.Header.Set(bus.HeaderTxnEnd, end)
+		}
+		if err := e.pub.PublishMsg(m); err != nil {
 			e.t.Fatal(err)
 		}
 		e.mu.Lock()
@@ -200,6 +204,25 @@ func (e *syncEnv) publish(entries ...journal.Entry) {
 	if err := e.pub.Flush(); err != nil {
 		e.t.Fatal(err)
 	}
+}
+
+// txnEndMark is the Walcast-Txn-End header the publisher gives
+// entries[i], when entries holds whole transactions.
+func txnEndMark(entries []journal.Entry, i int) string {
+	en := entries[i]
+	end := bus.TxnEndEntity
+	for _, o := range entries[i+1:] {
+		if o.CommitLSN != en.CommitLSN {
+			break
+		}
+		if o.Entity == en.Entity {
+			end = bus.TxnEndTenant
+			if o.Tenant == en.Tenant && o.HasTenant == en.HasTenant && o.TenantUnknown == en.TenantUnknown {
+				return ""
+			}
+		}
+	}
+	return end
 }
 
 func (e *syncEnv) commit(rows ...row) []journal.Entry {
@@ -260,6 +283,7 @@ type inFrame struct {
 	T       string          `json:"t"`
 	Topic   string          `json:"topic"`
 	Cursor  string          `json:"cursor"`
+	End     bool            `json:"end"`
 	Code    string          `json:"code"`
 	Message string          `json:"message"`
 	Change  json.RawMessage `json:"change"`

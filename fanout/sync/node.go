@@ -686,6 +686,19 @@ type member struct {
 	epoch  int64 // the journal epoch pos is in (epoch.go)
 	repair bool  // catching up must read once more before going live
 	quiet  bool  // pos was moved by a publisher position the client has not been told of (position.go)
+	// Transactions (docs/sync.md "Transactions"). mid: the client was
+	// given changes of a transaction but not its end, so pos is inside a
+	// transaction of the scope; bound is then the newest position at a
+	// transaction boundary the client was given (equal to pos otherwise),
+	// the only position a cursor is issued for. held (live only): the
+	// newest live change of the scope, not yet sent, until the next
+	// message of the entity shows whether it ends its transaction.
+	// owesResync: a TRUNCATE was sent; the resync it calls for follows
+	// the end of its transaction.
+	mid        bool
+	bound      int64
+	held       *liveChange
+	owesResync bool
 	// snapshot: the client subscribed with "snapshot":true, so a resync is
 	// answered with a fresh snapshot; job is the snapshot running (state.go).
 	snapshot bool
@@ -861,6 +874,7 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 		k := 0
 		for m := range t.members {
 			if m.state == memberLive && m.epoch == epoch && seq > m.pos && visible(m.tenantTok, tenantTok, unknown) {
+				m.held = nil // read again from m.pos
 				m.state = memberCatchingUp
 				m.s.startCatchUp(m)
 				k++
@@ -872,33 +886,112 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 		}
 		return
 	}
-	op := head.Op
+	end := msg.Header.Get(bus.HeaderTxnEnd) == bus.TxnEndEntity
+	c := &liveChange{seq: seq, epoch: epoch, op: head.Op, commit: msg.Header.Get(bus.HeaderCommitLSN), payload: payload}
 
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var enc map[string]*frame // tenant scope → the frame every member of it shares
+	enc := liveFrames{n: n, topic: t.entity}
 	for m := range t.members {
-		if m.state != memberLive || m.epoch != epoch || seq <= m.pos || !visible(m.tenantTok, tenantTok, unknown) {
+		if m.state != memberLive || m.epoch != epoch {
 			continue
 		}
-		f := enc[m.q.Tenant]
-		if f == nil {
-			cur, err := n.j.CursorAt(m.q, epoch, seq)
-			if err != nil {
+		if h := m.held; h != nil && h.commit != c.commit {
+			// Another transaction began without the end mark of the
+			// held one reaching this node (a publisher that does not
+			// mark ends): the held change was its last.
+			m.releaseLocked(&enc, true)
+		}
+		if seq <= m.pos || !visible(m.tenantTok, tenantTok, unknown) {
+			if end && m.held != nil && m.state == memberLive {
+				m.releaseLocked(&enc, true)
+			}
+			continue
+		}
+		if m.held != nil {
+			m.releaseLocked(&enc, false) // c follows it in its transaction
+			if m.state != memberLive {
 				continue
 			}
-			f = changeFrame(t.entity, cur, payload)
-			n.stats.framesEncoded.Add(1)
-			if enc == nil {
-				enc = map[string]*frame{}
-			}
-			enc[m.q.Tenant] = f
 		}
-		m.deliverLocked(f, seq)
-		if op == decoder.OpTruncate && m.state == memberLive {
-			// The truncate also means: re-read the entity (DESIGN §6).
-			m.resyncLocked(n.resyncFrame(m, seq), seq)
+		m.held = c
+		if end {
+			m.releaseLocked(&enc, true)
 		}
+	}
+}
+
+// liveChange is one live message of a topic, as a member holds it until
+// it knows whether the change ends its transaction in the member's scope.
+type liveChange struct {
+	seq, epoch int64
+	op         decoder.Op
+	commit     string // the Walcast-Commit-Lsn header: the transaction
+	payload    []byte
+}
+
+// liveFrames encodes the frames of one NATS callback once per change,
+// scope and end mark, so every member of a scope shares the bytes.
+type liveFrames struct {
+	n     *Node
+	topic string
+	m     map[liveFrameKey]*frame
+}
+
+type liveFrameKey struct {
+	c      *liveChange
+	tenant string // "" for a frame inside a transaction: it carries no cursor, so no scope
+	end    bool
+}
+
+func (e *liveFrames) frame(m *member, c *liveChange, end bool) *frame {
+	k := liveFrameKey{c: c, end: end}
+	if end {
+		k.tenant = m.q.Tenant
+	}
+	if f := e.m[k]; f != nil {
+		return f
+	}
+	cur := ""
+	if end {
+		var err error
+		if cur, err = e.n.j.CursorAt(m.q, c.epoch, c.seq); err != nil {
+			return nil
+		}
+	}
+	f := changeFrame(e.topic, cur, c.payload, end)
+	e.n.stats.framesEncoded.Add(1)
+	if e.m == nil {
+		e.m = map[liveFrameKey]*frame{}
+	}
+	e.m[k] = f
+	return f
+}
+
+// releaseLocked sends m's held change, as the end of its transaction in
+// m's scope or not. A TRUNCATE also means: re-read the entity (DESIGN §6);
+// that resync follows the end of the truncate's transaction, so the
+// cursor it carries is at a boundary. t.mu is held.
+func (m *member) releaseLocked(enc *liveFrames, end bool) {
+	c := m.held
+	m.held = nil
+	f := enc.frame(m, c, end)
+	if f == nil {
+		return
+	}
+	m.deliverLocked(f, c.seq, end)
+	if m.state == memberLive && c.op == decoder.OpTruncate {
+		m.owesResync = true
+	}
+	m.endedLocked(c.seq, end)
+}
+
+// endedLocked follows a change frame sent for seq: at the end of a
+// transaction a resync owed since a TRUNCATE in it goes out. t.mu is held.
+func (m *member) endedLocked(seq int64, end bool) {
+	if end && m.owesResync && (m.state == memberLive || m.state == memberCatchingUp) {
+		m.owesResync = false
+		m.resyncLocked(m.s.n.resyncFrame(m, seq), seq)
 	}
 }
 
@@ -918,17 +1011,39 @@ func visible(scope, tenant string, unknown bool) bool {
 	return scope != bus.NoTenantToken && scope == tenant
 }
 
-// deliverLocked queues f (for seq) on m's socket. A frame that does not fit
+// deliverLocked queues f (for seq; end: f ends its transaction in m's
+// scope) on m's socket. A frame that does not fit
 // desyncs the member: it receives nothing more until the client resubscribes
 // after the replay-gap its socket sends once drained. t.mu is held.
-func (m *member) deliverLocked(f *frame, seq int64) {
+func (m *member) deliverLocked(f *frame, seq int64, end bool) {
 	if m.s.enqueueIn(f, m, &m.t.burst) {
 		m.pos, m.quiet = seq, false
+		m.setMidLocked(!end)
 		return
 	}
 	if m.state != memberGone {
 		m.state = memberDesynced
+		m.held, m.owesResync = nil, false
 	}
+}
+
+// setMidLocked records whether the client now holds part of a
+// transaction (mid) after m.pos moved; at a boundary, pos is the client's
+// newest boundary. t.mu is held.
+func (m *member) setMidLocked(mid bool) {
+	m.mid = mid
+	if !mid {
+		m.bound = m.pos
+	}
+}
+
+// boundaryLocked is the position a cursor for m may be issued at: its
+// newest transaction boundary. t.mu is held.
+func (m *member) boundaryLocked() int64 {
+	if m.mid {
+		return m.bound
+	}
+	return m.pos
 }
 
 // resyncLocked queues a resync frame f (at seq) on m's socket as a control
@@ -941,6 +1056,8 @@ func (m *member) resyncLocked(f *frame, seq int64) {
 	}
 	if m.s.enqueue(f, nil) {
 		m.pos = seq
+		m.held, m.owesResync = nil, false
+		m.setMidLocked(false)
 	}
 }
 
@@ -950,6 +1067,7 @@ func (t *syncTopic) repairLocked(cause string) {
 	for m := range t.members {
 		switch m.state {
 		case memberLive:
+			m.held = nil // read again from m.pos
 			m.state = memberCatchingUp
 			m.s.startCatchUp(m)
 		case memberCatchingUp:

@@ -133,9 +133,23 @@ func (n *Node) advanceTo(e, seq int64) {
 		case !t.baselined:
 		case t.lastEntitySeq >= jl:
 			t.lost = lostCheck{}
+			var enc liveFrames
 			for m := range t.members {
-				if m.state == memberLive && m.epoch == e && m.pos < seq {
-					m.pos = seq
+				if m.state != memberLive || m.epoch != e {
+					continue
+				}
+				if m.held != nil && m.held.seq <= seq {
+					// Everything of the entity up to seq arrived, and
+					// seq is a transaction boundary (the journal's
+					// horizon is one): the held change ends its
+					// transaction.
+					if enc.n == nil {
+						enc = liveFrames{n: n, topic: t.entity}
+					}
+					m.releaseLocked(&enc, true)
+				}
+				if m.state == memberLive && m.held == nil && !m.mid && m.pos < seq {
+					m.pos, m.bound = seq, seq
 					m.quiet = true
 					moved++
 				}
@@ -168,7 +182,7 @@ func (s *socket) sendPositions() {
 			continue
 		}
 		t.mu.Lock()
-		if m.quiet && m.state == memberLive {
+		if m.quiet && m.state == memberLive && !m.mid && m.held == nil {
 			cur, err := s.n.j.CursorAt(m.q, m.epoch, m.pos)
 			if err == nil && s.offer(controlFrame("position", m.topic, cur)) {
 				m.quiet = false

@@ -40,6 +40,9 @@ type readCall struct {
 type readPage struct {
 	frames []*frame // change frames in seq order
 	seqs   []int64
+	// ends[i]: frames[i] is the last change of its transaction in the
+	// scope (it carries the cursor and "end":true).
+	ends []bool
 	// truncate[i]: frames[i] is a TRUNCATE, after which the member
 	// re-reads the entity as on the live path (resyncLocked); nil when
 	// the page has none.
@@ -129,14 +132,17 @@ func (r *sharedReads) do(ctx context.Context, q journal.Query, epoch, from int64
 		}
 		return readPage{resync: controlFrame("resync", q.Entities[0], res.ResyncCursor), resyncPos: pos, resyncEpoch: res.Epoch, end: from}, nil
 	}
-	p := readPage{more: res.More, frames: make([]*frame, len(res.Changes)), seqs: make([]int64, len(res.Changes))}
+	p := readPage{more: res.More, frames: make([]*frame, len(res.Changes)), seqs: make([]int64, len(res.Changes)), ends: make([]bool, len(res.Changes))}
 	for i, e := range res.Changes {
-		cur, err := j.CursorAt(q, res.Epoch, e.Seq)
-		if err != nil {
-			return readPage{}, err
+		cur := ""
+		if e.TxnEnd {
+			if cur, err = j.CursorAt(q, res.Epoch, e.Seq); err != nil {
+				return readPage{}, err
+			}
 		}
-		p.frames[i] = changeFrame(q.Entities[0], cur, e.Envelope)
+		p.frames[i] = changeFrame(q.Entities[0], cur, e.Envelope, e.TxnEnd)
 		p.seqs[i] = e.Seq
+		p.ends[i] = e.TxnEnd
 		if e.Op == decoder.OpTruncate {
 			if p.truncate == nil {
 				p.truncate = make([]bool, len(res.Changes))

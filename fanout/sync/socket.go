@@ -63,14 +63,17 @@ func newFrame(payload []byte) *frame {
 }
 
 // changeFrame encodes {"t":"change","topic":…,"cursor":…,"change":envelope}.
-func changeFrame(topic, cursor string, envelope []byte) *frame {
+func changeFrame(topic, cursor string, envelope []byte, end bool) *frame {
 	tq, _ := json.Marshal(topic)
-	b := make([]byte, 0, len(envelope)+len(tq)+len(cursor)+48)
+	b := make([]byte, 0, len(envelope)+len(tq)+len(cursor)+60)
 	b = append(b, `{"t":"change","topic":`...)
 	b = append(b, tq...)
-	b = append(b, `,"cursor":"`...)
-	b = append(b, cursor...) // base64url: nothing to escape
-	b = append(b, `","change":`...)
+	if end {
+		b = append(b, `,"cursor":"`...)
+		b = append(b, cursor...) // base64url: nothing to escape
+		b = append(b, `","end":true`...)
+	}
+	b = append(b, `,"change":`...)
 	b = append(b, envelope...)
 	b = append(b, '}')
 	return newFrame(b)
@@ -861,13 +864,17 @@ func (s *socket) catchUp(ctx context.Context, m *member) {
 			queued, wait := s.enqueueReplay(f)
 			if queued {
 				m.pos = seq
+				m.setMidLocked(!page.ends[i])
 				if page.truncate != nil && page.truncate[i] {
 					// The truncate also means: re-read the entity
 					// (DESIGN §6), whether it reaches the member
-					// live or, as here, from the journal. A fresh
-					// snapshot moves m off this catch-up.
-					m.resyncLocked(n.resyncFrame(m, seq), seq)
+					// live or, as here, from the journal — once
+					// its transaction has ended, so the resync's
+					// cursor is at a boundary. A fresh snapshot
+					// moves m off this catch-up.
+					m.owesResync = true
 				}
+				m.endedLocked(seq, page.ends[i])
 				i++
 			}
 			t.mu.Unlock()
@@ -889,11 +896,13 @@ func (s *socket) catchUp(ctx context.Context, m *member) {
 			continue
 		}
 		m.pos = max(m.pos, page.end)
+		m.setMidLocked(m.mid) // no change of the scope lies after the last one sent up to page.end
 		if page.more || m.repair || t.lastSeen > m.pos {
 			t.mu.Unlock()
 			continue
 		}
 		m.state = memberLive
+		m.held = nil
 		t.mu.Unlock()
 		return
 	}
@@ -972,7 +981,7 @@ func (s *socket) enqueueIn(f *frame, m *member, burst *liveBurst) bool {
 		}
 		s.n.stats.framesDropped.Add(1)
 		if !slices.ContainsFunc(s.gaps, func(g socketGap) bool { return g.topic == m.topic }) {
-			cur, _ := s.n.j.CursorAt(m.q, m.epoch, m.pos)
+			cur, _ := s.n.j.CursorAt(m.q, m.epoch, m.boundaryLocked())
 			s.gaps = append(s.gaps, socketGap{m.topic, cur})
 			if s.gapsAt == 0 {
 				s.gapsAt = s.n.cfg.Clock.Now().UnixNano()

@@ -928,6 +928,7 @@ func (s *socket) runSnapshot(ctx context.Context, m *member, j *snapJob, reason 
 	}
 	n.snapshotEnded("done", started)
 	m.pos, m.epoch, m.state = res.pos, res.epoch, memberCatchingUp
+	m.mid, m.owesResync, m.held = false, false, nil // the snapshot's position is a transaction boundary
 	s.enqueue(newFrame(snapshotEndPayload(m.topic, cur, res)), nil)
 	n.alignEpochLocked(m)
 	if m.state == memberCatchingUp {
