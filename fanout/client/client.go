@@ -9,6 +9,15 @@
 // SubscribeSnapshot asks for a topic's current rows before its changes, and
 // State (state.go) keeps them as a map of rows by key.
 //
+// Transactions: a topic's changes come out of Next one source transaction
+// at a time. The client holds a transaction's change frames until the
+// frame that ends it ("end":true, the only one with a cursor) and then
+// returns them back to back, the last with Event.End set; a transaction
+// cut off by a reconnect or a replay-gap is dropped and read again from
+// the last cursor, so Next never returns part of one. A transaction larger
+// than Options.MaxTxnChanges or MaxTxnBytes is not returned at all: Next
+// returns an EventResync at its end instead (Reason "transaction-too-large").
+//
 // It imports nothing of walcast's server side; it speaks the wire protocol
 // only.
 package client
@@ -49,7 +58,8 @@ const (
 type Event struct {
 	Type   string
 	Topic  string
-	Cursor string          // the topic's cursor after this event
+	Cursor string          // the topic's cursor after this event; for EventChange, set only when End
+	End    bool            // for EventChange: the last change of its transaction on the topic
 	Change json.RawMessage // the envelope, for EventChange and EventRow (op "read")
 	Seq    int64           // the envelope's seq, for EventChange
 	Code   string          // for EventError
@@ -57,7 +67,7 @@ type Event struct {
 
 	SnapshotID int64  // for EventSnapshotBegin and EventSnapshotEnd
 	Rows       int64  // the node's row estimate (begin) or the rows sent (end)
-	Reason     string // why the node snapshots: "resync" when it answers one; "" when asked
+	Reason     string // why the node snapshots: "resync" when it answers one; "" when asked; for EventResync, "transaction-too-large" when the client dropped a transaction over its bounds
 }
 
 // Close codes of the sync node (docs/sync.md): 4000–4099 and the standard
@@ -111,7 +121,19 @@ type Options struct {
 	// buffer stops reading the socket, which the node answers with drops
 	// and a replay-gap the client follows.
 	Buffer int
+	// MaxTxnChanges and MaxTxnBytes bound the changes (and their envelope
+	// bytes) the client holds for one topic while it waits for the end of
+	// a transaction; defaults 100,000 and 64 MiB. A larger transaction is
+	// dropped, and its end answered with an EventResync (the topic's
+	// state must be read again; a snapshot subscription asks for a fresh
+	// snapshot itself through State).
+	MaxTxnChanges int
+	MaxTxnBytes   int
 }
+
+// ReasonTxnTooLarge is the Reason of an EventResync the client makes for
+// a transaction over Options.MaxTxnChanges or MaxTxnBytes.
+const ReasonTxnTooLarge = "transaction-too-large"
 
 // ErrClosed: Close was called.
 var ErrClosed = errors.New("client closed")
@@ -149,6 +171,26 @@ type topicState struct {
 	cursor   string
 	lastSeq  int64
 	snapshot bool // subscribed with SubscribeSnapshot
+
+	// The transaction being received (session only, under Client.mu):
+	// its changes so far, their bytes, and whether it went over the
+	// bounds (then its changes are dropped until its end). endSeq is the
+	// seq of the last change of the last whole transaction (lastSeq
+	// goes back to it when the partial one is dropped); inSnapshot: between
+	// snapshot-begin and snapshot-end, where changes carry no end marks
+	// and belong to the snapshot.
+	txn        []Event
+	txnBytes   int
+	txnOver    bool
+	endSeq     int64
+	inSnapshot bool
+}
+
+// dropTxn forgets the partial transaction: it is read again from the
+// cursor, which is at the last transaction boundary.
+func (st *topicState) dropTxn() {
+	st.txn, st.txnBytes, st.txnOver = nil, 0, false
+	st.lastSeq = st.endSeq
 }
 
 // Dial connects to url (ws:// or wss://…/v1/socket) and keeps the
@@ -169,6 +211,12 @@ func Dial(ctx context.Context, url string, opts Options) (*Client, error) {
 	}
 	if opts.ReadLimit <= 0 {
 		opts.ReadLimit = DefaultReadLimit
+	}
+	if opts.MaxTxnChanges <= 0 {
+		opts.MaxTxnChanges = 100_000
+	}
+	if opts.MaxTxnBytes <= 0 {
+		opts.MaxTxnBytes = 64 << 20
 	}
 	c := &Client{url: url, opts: opts, events: make(chan Event, opts.Buffer), topics: map[string]*topicState{}, done: make(chan struct{}),
 		token: opts.Token}
@@ -289,7 +337,8 @@ func (c *Client) SubscribeSnapshot(topic, cursor string) error {
 func (c *Client) resnapshot(topic string) error {
 	c.mu.Lock()
 	if st := c.topics[topic]; st != nil {
-		st.snapshot, st.cursor, st.lastSeq = true, "", 0
+		st.snapshot, st.cursor, st.lastSeq, st.endSeq = true, "", 0, 0
+		st.txn, st.txnBytes, st.txnOver = nil, 0, false
 	}
 	c.mu.Unlock()
 	return c.send(subFrame(topic, "", true))
@@ -476,6 +525,7 @@ func (c *Client) run(conn *websocket.Conn) {
 		c.mu.Lock()
 		var subs []map[string]any
 		for t, st := range c.topics {
+			st.dropTxn() // resumed from the cursor, its last boundary
 			subs = append(subs, subFrame(t, st.cursor, st.snapshot))
 		}
 		c.mu.Unlock()
@@ -498,6 +548,7 @@ type frame struct {
 	T       string          `json:"t"`
 	Topic   string          `json:"topic"`
 	Cursor  string          `json:"cursor"`
+	End     bool            `json:"end"`
 	Change  json.RawMessage `json:"change"`
 	Code    string          `json:"code"`
 	Message string          `json:"message"`
@@ -541,6 +592,7 @@ func (c *Client) session(conn *websocket.Conn) error {
 		if err := conn.ReadJSON(&f); err != nil {
 			return err
 		}
+		var evs []Event
 		var ev *Event
 		c.mu.Lock()
 		st := c.topics[f.Topic]
@@ -552,18 +604,41 @@ func (c *Client) session(conn *websocket.Conn) error {
 			if json.Unmarshal(f.Change, &seq) != nil || st == nil || seq.Seq <= st.lastSeq {
 				break // a duplicate, or a topic we left
 			}
-			// A change of a snapshot's catch-up has no cursor: until its
-			// snapshot-end there is nothing to resume from.
 			st.lastSeq = seq.Seq
-			if f.Cursor != "" {
-				st.cursor = f.Cursor
+			e := Event{Type: EventChange, Topic: f.Topic, Cursor: f.Cursor, End: f.End, Change: f.Change, Seq: seq.Seq}
+			if st.inSnapshot {
+				// A change of a snapshot's catch-up has no cursor: until
+				// its snapshot-end there is nothing to resume from, and
+				// the snapshot (with these changes) applies as a whole
+				// at snapshot-end.
+				ev = &e
+				break
 			}
-			ev = &Event{Type: EventChange, Topic: f.Topic, Cursor: f.Cursor, Change: f.Change, Seq: seq.Seq}
+			if !f.End {
+				// Inside a transaction: held until its end.
+				if !st.txnOver {
+					st.txn = append(st.txn, e)
+					st.txnBytes += len(f.Change)
+					if len(st.txn) > c.opts.MaxTxnChanges || st.txnBytes > c.opts.MaxTxnBytes {
+						st.txn, st.txnBytes, st.txnOver = nil, 0, true
+					}
+				}
+				break
+			}
+			st.cursor, st.endSeq = f.Cursor, seq.Seq
+			if st.txnOver {
+				st.txn, st.txnBytes, st.txnOver = nil, 0, false
+				ev = &Event{Type: EventResync, Topic: f.Topic, Cursor: f.Cursor, Reason: ReasonTxnTooLarge}
+				break
+			}
+			evs = append(st.txn, e)
+			st.txn, st.txnBytes = nil, 0
 		case "snapshot-begin":
 			if st != nil {
 				// The catch-up's seqs may precede ones already seen, and a
 				// reconnect before snapshot-end must ask for a new snapshot.
-				st.cursor, st.lastSeq = "", 0
+				st.cursor, st.lastSeq, st.endSeq = "", 0, 0
+				st.txn, st.txnBytes, st.txnOver, st.inSnapshot = nil, 0, false, true
 				ev = &Event{Type: EventSnapshotBegin, Topic: f.Topic, SnapshotID: f.SnapshotID, Rows: f.Rows, Reason: f.Reason}
 			}
 		case "row":
@@ -572,7 +647,7 @@ func (c *Client) session(conn *websocket.Conn) error {
 			}
 		case "snapshot-end":
 			if st != nil {
-				st.cursor = f.Cursor
+				st.cursor, st.endSeq, st.inSnapshot = f.Cursor, st.lastSeq, false
 				ev = &Event{Type: EventSnapshotEnd, Topic: f.Topic, Cursor: f.Cursor, SnapshotID: f.SnapshotID, Rows: f.Rows}
 			}
 		case "subscribed":
@@ -582,11 +657,14 @@ func (c *Client) session(conn *websocket.Conn) error {
 		case "position":
 			// The topic was quiet: nothing of ours up to this cursor, so
 			// a reconnect resumes from here (dedup by seq is unchanged).
-			if st != nil {
+			if st != nil && len(st.txn) == 0 && !st.txnOver {
 				st.cursor = f.Cursor
 			}
 		case "replay-gap":
 			if st != nil {
+				// The node dropped frames: the partial transaction is
+				// incomplete; it comes again from the cursor.
+				st.dropTxn()
 				// Resubscribe from the last change we were given (ours may
 				// be later than the node's if a frame raced the gap).
 				cur := st.cursor
@@ -602,7 +680,8 @@ func (c *Client) session(conn *websocket.Conn) error {
 			if st != nil {
 				// Seqs after a resync need not follow the ones before it (a
 				// restored or another journal): dedup starts over.
-				st.cursor, st.lastSeq = f.Cursor, 0
+				st.cursor, st.lastSeq, st.endSeq = f.Cursor, 0, 0
+				st.txn, st.txnBytes, st.txnOver, st.inSnapshot = nil, 0, false, false
 				ev = &Event{Type: EventResync, Topic: f.Topic, Cursor: f.Cursor}
 			}
 		case "error":
@@ -610,8 +689,11 @@ func (c *Client) session(conn *websocket.Conn) error {
 		}
 		c.mu.Unlock()
 		if ev != nil {
+			evs = append(evs, *ev)
+		}
+		for _, ev := range evs {
 			select {
-			case c.events <- *ev:
+			case c.events <- ev:
 			case <-c.ctx.Done():
 				return c.ctx.Err()
 			}

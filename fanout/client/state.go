@@ -18,8 +18,10 @@ type Row map[string]json.RawMessage
 // with a fresh snapshot, and can be asked for the rows at any time.
 //
 // Rows returns the state as of the last completed snapshot plus every
-// change after it, never a half-read snapshot: a snapshot is built aside
-// and replaces the state at its snapshot-end. Read events with State.Next
+// transaction after it, never a half-read snapshot nor half a transaction:
+// a snapshot is built aside and replaces the state at its snapshot-end,
+// and a transaction's changes are applied together when Next returns its
+// last one (Event.End). Read events with State.Next
 // instead of Client.Next; each event is applied before it is returned.
 //
 // Keys are the envelope's key object in a canonical form (JSON with the
@@ -40,6 +42,7 @@ type tableState struct {
 	pending map[string]Row // the snapshot being read, nil outside one
 	ready   bool           // a snapshot has completed
 	cursor  string         // where rows is exact as of
+	txn     []*envelope    // the live transaction being returned, applied at its end
 }
 
 // NewState keeps state for c's snapshot topics. Read c's events only
@@ -149,7 +152,7 @@ func (s *State) apply(ev Event) error {
 	}
 	switch ev.Type {
 	case EventSnapshotBegin:
-		t.pending = map[string]Row{}
+		t.pending, t.txn = map[string]Row{}, nil
 	case EventSnapshotEnd:
 		if t.pending != nil {
 			t.rows, t.pending = t.pending, nil
@@ -158,7 +161,7 @@ func (s *State) apply(ev Event) error {
 	case EventResync:
 		// The rows are no longer known to be right; keep showing them
 		// until the fresh snapshot completes.
-		t.pending = nil
+		t.pending, t.txn = nil, nil
 	case EventRow, EventChange:
 		var e envelope
 		if err := json.Unmarshal(ev.Change, &e); err != nil {
@@ -169,9 +172,19 @@ func (s *State) apply(ev Event) error {
 			rows = t.pending
 		} else if ev.Type == EventRow {
 			return fmt.Errorf("state of %s: a row outside a snapshot", ev.Topic)
+		} else if !ev.End {
+			t.txn = append(t.txn, &e) // applied with the rest of its transaction
+			return nil
 		}
-		if err := applyEnvelope(rows, &e); err != nil {
-			return fmt.Errorf("state of %s: %w", ev.Topic, err)
+		txn := append(t.txn, &e)
+		t.txn = nil
+		if t.pending != nil {
+			txn = txn[len(txn)-1:]
+		}
+		for _, e := range txn {
+			if err := applyEnvelope(rows, e); err != nil {
+				return fmt.Errorf("state of %s: %w", ev.Topic, err)
+			}
 		}
 		if t.pending == nil && ev.Cursor != "" {
 			t.cursor = ev.Cursor

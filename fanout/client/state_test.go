@@ -72,7 +72,7 @@ func TestStateSnapshotIsAtomic(t *testing.T) {
 func TestStateAppliesChanges(t *testing.T) {
 	s := stateWith("t")
 	mustApply(t, s, Event{Type: EventSnapshotBegin, Topic: "t"}, Event{Type: EventSnapshotEnd, Topic: "t", Cursor: "c0"})
-	live := func(env, cursor string) Event { e := ev(EventChange, env); e.Cursor = cursor; return e }
+	live := func(env, cursor string) Event { e := ev(EventChange, env); e.Cursor, e.End = cursor, true; return e }
 	mustApply(t, s,
 		live(`{"op":"insert","key":{"id":1},"after":{"id":1,"v":"a","doc":"big"}}`, "c1"),
 		live(`{"op":"insert","key":{"a":1,"b":2},"after":{"a":1,"b":2,"v":"ab"}}`, "c2"),
@@ -120,6 +120,7 @@ func TestStateRejectsBadEnvelopes(t *testing.T) {
 		ev(EventChange, `{"op":"update","key":{"id":1}}`),       // no after
 		ev(EventChange, `{"op":"insert","key":[1],"after":{}}`), // a key that is not an object
 	} {
+		bad.End = true
 		if err := s.apply(bad); err == nil {
 			t.Errorf("%s: applied", bad.Change)
 		}
@@ -130,5 +131,30 @@ func TestStateRejectsBadEnvelopes(t *testing.T) {
 	// Topics State does not follow are ignored.
 	if err := s.apply(Event{Type: EventChange, Topic: "other", Change: json.RawMessage(`garbage`)}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A transaction's changes reach Rows together: the ones before its end are
+// held and applied with the last (Event.End), under one lock.
+func TestStateAppliesTransactionsWhole(t *testing.T) {
+	s := stateWith("t")
+	mustApply(t, s, Event{Type: EventSnapshotBegin, Topic: "t"}, Event{Type: EventSnapshotEnd, Topic: "t", Cursor: "c0"})
+	mustApply(t, s,
+		ev(EventChange, `{"op":"insert","key":{"id":1},"after":{"id":1,"v":"a"}}`),
+		ev(EventChange, `{"op":"insert","key":{"id":2},"after":{"id":2,"v":"b"}}`))
+	if s.Len("t") != 0 {
+		t.Fatalf("half a transaction is visible: %v", vals(s))
+	}
+	end := ev(EventChange, `{"op":"delete","key":{"id":1}}`)
+	end.Cursor, end.End = "c1", true
+	mustApply(t, s, end)
+	if ok, cur := s.Ready("t"); !ok || cur != "c1" || !maps.Equal(vals(s), map[string]string{`{"id":2}`: `"b"`}) {
+		t.Fatalf("after the transaction: cursor %q rows %v", cur, vals(s))
+	}
+	// A resync drops a transaction whose end never came.
+	mustApply(t, s, ev(EventChange, `{"op":"insert","key":{"id":3},"after":{"id":3,"v":"c"}}`),
+		Event{Type: EventResync, Topic: "t", Cursor: "c2"}, end)
+	if !maps.Equal(vals(s), map[string]string{`{"id":2}`: `"b"`}) {
+		t.Fatalf("after a resync: %v", vals(s))
 	}
 }
