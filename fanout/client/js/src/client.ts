@@ -75,6 +75,13 @@ export interface ClientOptions {
   wsBlockAfter?: number;
   /** … and, while on an event stream, tries a WebSocket again this often (default 5 min). */
   wsProbeInterval?: number;
+  /**
+   * The most changes the client holds for one topic while it waits for the
+   * end of a transaction (default 100,000). A larger transaction is not
+   * delivered: at its end the topic gets onResync (and, subscribed with a
+   * snapshot, a fresh snapshot), as if the node had asked for one.
+   */
+  maxTxnChanges?: number;
   /** Called on every error; terminal ones also stop the client. */
   onError?: (err: WalcastError) => void;
   /** Called on every state change. */
@@ -94,8 +101,22 @@ export type ClientState = 'connecting' | 'open' | 'waiting' | 'offline' | 'close
  * (default Row, any column map).
  */
 export interface Handlers<R extends object = Row> {
-  /** A change, once, in order (duplicates by seq are dropped). */
-  onChange?(change: Envelope<R>, cursor: string): void;
+  /**
+   * A change, once, in order (duplicates by seq are dropped). Changes come
+   * a whole transaction at a time: the client holds a transaction's
+   * changes until its last one arrives, then calls onChange for each, back
+   * to back in one task, then onTransaction. cursor is the cursor after
+   * the transaction, set only on its last change (undefined on the others
+   * and on a snapshot's own changes).
+   */
+  onChange?(change: Envelope<R>, cursor: string | undefined): void;
+  /**
+   * A whole transaction of the topic (its changes in this client's scope,
+   * in order) and the cursor after it: called once per transaction, after
+   * its onChange calls. Not called for the changes inside a snapshot,
+   * which onSnapshotEnd completes.
+   */
+  onTransaction?(changes: Envelope<R>[], cursor: string): void;
   /** The node confirmed the subscription; the stream starts after cursor. */
   onSubscribed?(cursor: string): void;
   /** The topic's state must be read again; changes continue after cursor. */
@@ -128,6 +149,12 @@ interface TopicState {
   wantSnapshot: boolean;
   /** Between snapshot-begin and snapshot-end. */
   inSnapshot: boolean;
+  /** The transaction being received: its changes so far (until its end frame). */
+  txn: Envelope[];
+  /** The transaction went over maxTxnChanges: its changes are dropped until its end. */
+  txnOver: boolean;
+  /** The seq of the last change of the last whole transaction (lastSeq goes back to it when a partial one is dropped). */
+  endSeq: number;
   /** Delays of resubscriptions after the node ended the topic's subscription. */
   retry: Backoff;
   retryTimer?: unknown;
@@ -241,6 +268,9 @@ export class Client {
         snapshot: !!opts.snapshot,
         wantSnapshot: !!opts.snapshot,
         inSnapshot: false,
+        txn: [],
+        txnOver: false,
+        endSeq: 0,
         retry: new Backoff(this.opts.backoff, this.opts.random),
       };
       this.topics.set(topic, st);
@@ -419,6 +449,9 @@ export class Client {
     if (c.kind === 'sse') this.scheduleProbe();
     if (c.kind === 'websocket') this.wsFailures = 0;
     this.setState('open');
+    // A transaction cut off with the last connection is read again from
+    // the cursor, its last boundary.
+    for (const st of this.topics.values()) this.dropTxn(st);
     if (c.kind === 'websocket') {
       for (const st of this.topics.values()) this.sendSub(st);
       this.schedulePing();
@@ -674,8 +707,40 @@ export class Client {
         const seq = typeof f.change?.seq === 'number' ? f.change.seq : undefined;
         if (seq !== undefined && seq <= st.lastSeq) return; // a duplicate
         if (seq !== undefined) st.lastSeq = seq;
+        if (st.inSnapshot) {
+          // A snapshot's own changes: applied with the snapshot at its end.
+          for (const h of [...st.handlers]) h.onChange?.(f.change, undefined);
+          return;
+        }
+        if (!f.end) {
+          // Inside a transaction: held until its end.
+          if (!st.txnOver) {
+            st.txn.push(f.change);
+            if (st.txn.length > (this.opts.maxTxnChanges ?? 100_000)) {
+              st.txn = [];
+              st.txnOver = true;
+            }
+          }
+          return;
+        }
+        if (seq !== undefined) st.endSeq = seq;
+        if (st.txnOver) {
+          // Too large to hold whole: never delivered in part. The topic is
+          // read again after it, as after a resync.
+          st.txn = [];
+          st.txnOver = false;
+          this.onFrame({ t: 'resync', topic: st.topic, cursor: f.cursor ?? '' });
+          return;
+        }
+        const txn = st.txn;
+        txn.push(f.change);
+        st.txn = [];
         this.setCursor(st, f.cursor);
-        for (const h of [...st.handlers]) h.onChange?.(f.change, f.cursor);
+        const cursor = f.cursor ?? '';
+        for (const h of [...st.handlers]) {
+          for (let i = 0; i < txn.length; i++) h.onChange?.(txn[i], i === txn.length - 1 ? cursor : undefined);
+          h.onTransaction?.(txn, cursor);
+        }
         return;
       }
       case 'subscribed':
@@ -688,6 +753,8 @@ export class Client {
         this.setCursor(st, f.cursor);
         return;
       case 'replay-gap':
+        // The node dropped frames: a partial transaction comes again.
+        this.dropTxn(st);
         for (const h of [...st.handlers]) h.onReplayGap?.(f.cursor);
         if (!st.cursor) this.setCursor(st, f.cursor);
         // An event stream follows its gaps on the node's side.
@@ -697,6 +764,9 @@ export class Client {
         // Seqs after a resync need not follow the ones before (a restored
         // journal): dedupe starts over.
         st.lastSeq = 0;
+        st.endSeq = 0;
+        st.txn = [];
+        st.txnOver = false;
         this.setCursor(st, f.cursor);
         if (st.snapshot) st.wantSnapshot = true;
         for (const h of [...st.handlers]) h.onResync?.(f.cursor);
@@ -705,6 +775,9 @@ export class Client {
         return;
       case 'snapshot-begin':
         st.lastSeq = 0;
+        st.endSeq = 0;
+        st.txn = [];
+        st.txnOver = false;
         st.inSnapshot = true;
         // Until its end there is no cursor to resume from: a snapshot cut
         // short (a reconnect, snapshot-failed) is asked for again.
@@ -720,6 +793,7 @@ export class Client {
       case 'snapshot-end':
         st.wantSnapshot = false;
         st.inSnapshot = false;
+        st.endSeq = st.lastSeq;
         st.retry.reset();
         this.setCursor(st, f.cursor);
         for (const h of [...st.handlers]) h.onSnapshotEnd?.(f.cursor);
@@ -792,6 +866,13 @@ export class Client {
       // A new connection subscribes every topic itself.
       if (gen === this.generation && this.topics.get(st.topic) === st) this.sendSub(st);
     });
+  }
+
+  /** dropTxn forgets st's partial transaction: it is read again from the cursor, at its last boundary. */
+  private dropTxn(st: TopicState): void {
+    st.txn = [];
+    st.txnOver = false;
+    st.lastSeq = st.endSeq;
   }
 
   private setCursor(st: TopicState, cursor: string | undefined): void {

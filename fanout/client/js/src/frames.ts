@@ -63,7 +63,14 @@ export type ClientFrame =
 /** Node → client frames. */
 export type ServerFrame =
   | { t: 'subscribed'; topic: string; cursor: string }
-  | { t: 'change'; topic: string; cursor: string; change: Envelope }
+  /**
+   * A change. The last change of a source transaction on the topic (in the
+   * socket's tenant scope) carries end: true and the cursor after it; the
+   * changes before it in the transaction carry neither. Changes of one
+   * transaction share change.commitLsn. Changes between snapshot-begin
+   * and snapshot-end carry neither either: they belong to the snapshot.
+   */
+  | { t: 'change'; topic: string; cursor?: string; end?: boolean; change: Envelope }
   | { t: 'replay-gap'; topic: string; cursor: string }
   | { t: 'resync'; topic: string; cursor: string }
   | { t: 'position'; topic: string; cursor: string }

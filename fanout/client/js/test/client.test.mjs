@@ -609,3 +609,67 @@ test('forbidden: the topic is left and the error says what to fix', async () => 
   clock.advance(600_000);
   assert.equal(subs(s).length, 1);
 });
+
+test('transactions: changes held until the end frame, then delivered together with onTransaction; the cursor is stored only at the end', async () => {
+  const store = new MemoryCursorStore();
+  const { c, ws } = connected({ store });
+  const got = [];
+  c.subscribe(T, {}, {
+    onChange: (ch, cur) => got.push(['change', ch.seq, cur]),
+    onTransaction: (chs, cur) => got.push(['txn', chs.map((ch) => ch.seq), cur]),
+  });
+  await tick();
+  const s = ws.sockets[0];
+  s.open();
+  s.frame({ t: 'subscribed', topic: T, cursor: 'c0' });
+  s.frame(change(T, 1, undefined, { commitLsn: '0/10' }));
+  s.frame(change(T, 2, undefined, { commitLsn: '0/10' }));
+  await tick();
+  assert.deepEqual(got, [], 'nothing of a transaction before its end');
+  assert.equal(store.get(T), 'c0');
+  s.frame(change(T, 3, 'c3', { commitLsn: '0/10' }));
+  assert.deepEqual(got, [['change', 1, undefined], ['change', 2, undefined], ['change', 3, 'c3'], ['txn', [1, 2, 3], 'c3']]);
+  assert.equal(store.get(T), 'c3');
+});
+
+test('transactions: a connection lost mid-transaction drops the partial one and resumes from the last boundary', async () => {
+  const { c, ws, clock } = connected();
+  const got = [];
+  c.subscribe(T, {}, { onTransaction: (chs, cur) => got.push([chs.map((ch) => ch.seq), cur]) });
+  await tick();
+  ws.sockets[0].open();
+  ws.sockets[0].frame(change(T, 4, 'c4'));
+  ws.sockets[0].frame(change(T, 5, undefined));
+  ws.sockets[0].serverClose(1006);
+  clock.advance(clock.next());
+  await tick();
+  const s = ws.sockets[1];
+  s.open();
+  assert.deepEqual(s.sent, [{ t: 'sub', topic: T, cursor: 'c4' }]);
+  // The node replays the transaction whole: 5 is not a duplicate.
+  s.frame(change(T, 5, undefined));
+  s.frame(change(T, 6, 'c6'));
+  assert.deepEqual(got, [[[4], 'c4'], [[5, 6], 'c6']]);
+  // So does a replay-gap.
+  s.frame(change(T, 7, undefined));
+  s.frame({ t: 'replay-gap', topic: T, cursor: 'c6' });
+  assert.deepEqual(s.sent.at(-1), { t: 'sub', topic: T, cursor: 'c6' });
+  s.frame(change(T, 7, undefined));
+  s.frame(change(T, 8, 'c8'));
+  assert.deepEqual(got.at(-1), [[7, 8], 'c8']);
+});
+
+test('transactions: one larger than maxTxnChanges is never delivered in part: its end is a resync', async () => {
+  const { c, ws } = connected({ maxTxnChanges: 3 });
+  const got = [];
+  c.subscribe(T, {}, { onChange: (ch) => got.push(ch.seq), onResync: (cur) => got.push('resync ' + cur) });
+  await tick();
+  const s = ws.sockets[0];
+  s.open();
+  for (let seq = 1; seq <= 5; seq++) s.frame(change(T, seq, undefined));
+  s.frame(change(T, 6, 'c6'));
+  s.frame(change(T, 7, undefined));
+  s.frame(change(T, 8, 'c8'));
+  assert.deepEqual(got, ['resync c6', 7, 8]);
+  assert.equal(c.cursor(T), 'c8');
+});

@@ -155,5 +155,5 @@ export function env(over = {}) {
 }
 
 export function change(topic, seq, cursor, extra = {}) {
-  return { t: 'change', topic, cursor, change: { seq, op: 'insert', key: { id: seq }, after: { id: seq }, lsn: '0/1', commitLsn: '0/1', xid: 1, commitTime: '', ...extra } };
+  return { t: 'change', topic, cursor, end: cursor !== undefined, change: { seq, op: 'insert', key: { id: seq }, after: { id: seq }, lsn: '0/1', commitLsn: '0/1', xid: 1, commitTime: '', ...extra } };
 }

@@ -5,7 +5,7 @@ import { env, tick, fakeFetch, answer } from './fakes.mjs';
 
 const T = 'public.orders';
 const env0 = { lsn: '0/1', commitLsn: '0/1', xid: 1, commitTime: '' };
-const ch = (seq, op, fields) => ({ t: 'change', topic: T, cursor: 'c' + seq, change: { seq, op, ...env0, ...fields } });
+const ch = (seq, op, fields) => ({ t: 'change', topic: T, cursor: 'c' + seq, end: true, change: { seq, op, ...env0, ...fields } });
 
 test('live: snapshot rows, then changes keep key → row', async () => {
   const e = env();
@@ -298,4 +298,25 @@ test('live over SSE: a second live() reopens the stream for a snapshot, without 
   assert.equal(second.ready, true);
   assert.equal(second.rows.size, 3);
   assert.equal(first.rows.size, 3);
+});
+
+test('live: a transaction whose frames arrive in separate tasks is applied in one batch at its end', async () => {
+  const e = env();
+  const c = new Client(e.opts);
+  const calls = [];
+  const table = c.live(T, { snapshot: false, onChange: (rows, evs) => calls.push({ size: rows.size, evs: evs.map((ev) => ev.type) }) });
+  await tick();
+  const s = e.ws.sockets[0];
+  s.open();
+  const mid = (seq, id) => ({ t: 'change', topic: T, change: { seq, op: 'insert', ...env0, commitLsn: '0/9', key: { id }, after: { id } } });
+  s.frame(mid(1, 1));
+  await tick();
+  s.frame(mid(2, 2));
+  await tick();
+  assert.equal(calls.length, 0, 'nothing of the transaction before its end');
+  assert.equal(table.rows.size, 0);
+  s.frame({ ...mid(3, 3), cursor: 'c3', end: true });
+  await tick();
+  assert.deepEqual(calls, [{ size: 3, evs: ['upsert', 'upsert', 'upsert'] }]);
+  assert.equal(c.cursor(T), 'c3');
 });
