@@ -1,0 +1,369 @@
+package sync
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strings"
+	gosync "sync"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/gorilla/websocket"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/fanout/client"
+	"github.com/walcast/walcast/internal/pgtest"
+	"github.com/walcast/walcast/replication"
+)
+
+// txnTables are the two tables the whole-transaction test writes.
+var txnTables = []string{"public.docs", "public.notes"}
+
+// txnFollower follows both tables with the Go client in one tenant scope,
+// groups what Next returns into transactions (a run of changes of a topic
+// ending at the one with End) and applies each group to its rows.
+type txnFollower struct {
+	tenant string
+
+	mu     gosync.Mutex
+	groups map[string][][]int64          // topic → delivered transactions, as seqs
+	commit map[string][]string           // topic → each group's commitLsn ("" when its changes disagree)
+	rows   map[string]map[string]string  // topic → id → normalized row
+	open   map[string][]decoder.Envelope // topic → the group being returned
+	errs   []string
+}
+
+func (f *txnFollower) event(ev client.Event) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch ev.Type {
+	case client.EventError:
+		f.errs = append(f.errs, ev.Code+": "+ev.Msg)
+	case client.EventResync:
+		// A TRUNCATE's resync: the truncate change cleared the rows.
+		if len(f.open[ev.Topic]) > 0 {
+			f.errs = append(f.errs, "a resync inside a transaction of "+ev.Topic)
+		}
+	case client.EventChange:
+		var e decoder.Envelope
+		if err := json.Unmarshal(ev.Change, &e); err != nil {
+			f.errs = append(f.errs, err.Error())
+			return
+		}
+		if (ev.Cursor != "") != ev.End {
+			f.errs = append(f.errs, fmt.Sprintf("seq %d: end %v with cursor %q", e.Seq, ev.End, ev.Cursor))
+		}
+		f.open[ev.Topic] = append(f.open[ev.Topic], e)
+		if !ev.End {
+			return
+		}
+		g := f.open[ev.Topic]
+		f.open[ev.Topic] = nil
+		seqs := make([]int64, len(g))
+		commit := g[0].CommitLSN.String()
+		for i, e := range g {
+			seqs[i] = e.Seq
+			if e.CommitLSN.String() != commit {
+				commit = ""
+			}
+			applyTxnEnvelope(f.rows[ev.Topic], &e)
+		}
+		f.groups[ev.Topic] = append(f.groups[ev.Topic], seqs)
+		f.commit[ev.Topic] = append(f.commit[ev.Topic], commit)
+	}
+}
+
+func applyTxnEnvelope(rows map[string]string, e *decoder.Envelope) {
+	switch e.Op {
+	case decoder.OpInsert, decoder.OpUpdate:
+		if old, ok := e.Before["id"]; ok {
+			delete(rows, string(old))
+		}
+		rows[string(e.Key["id"])] = normRow(e.After)
+	case decoder.OpDelete:
+		delete(rows, string(e.Key["id"]))
+	case decoder.OpTruncate:
+		clear(rows)
+	}
+}
+
+// txnSourceRows is the table's rows a client of tenant sees: its tenant's
+// and those with no tenant.
+func txnSourceRows(t *testing.T, url, table, tenant string) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT id, json_build_object('tenant', tenant, 'val', val)::text FROM `+table+` WHERE tenant IS NULL OR tenant = $1`, tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for rows.Next() {
+		var id int
+		var obj string
+		if err := rows.Scan(&id, &obj); err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(obj), &m); err != nil {
+			t.Fatal(err)
+		}
+		out[fmt.Sprint(id)] = normRow(m)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// txnWriter runs n random transactions on docs and notes: inserts,
+// updates (of values, and of tenants: rows move between 'a', 'b' and no
+// tenant), deletes, and once, half way, a TRUNCATE of docs with inserts
+// after it in the same transaction.
+func txnWriter(t *testing.T, url string, seed uint64, n int) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	defer conn.Close(ctx)
+	r := rand.New(rand.NewPCG(seed, seed))
+	tenant := func() any {
+		switch r.IntN(3) {
+		case 0:
+			return "a"
+		case 1:
+			return "b"
+		}
+		return nil
+	}
+	for i := range n {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if i == n/2 {
+			if _, err := tx.Exec(ctx, `TRUNCATE docs`); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+		for range 2 + r.IntN(6) {
+			table := []string{"docs", "notes"}[r.IntN(2)]
+			id := 1 + r.IntN(40)
+			var sql string
+			var args []any
+			switch r.IntN(5) {
+			case 0, 1:
+				sql, args = `INSERT INTO `+table+` VALUES ($1, $2, $3) ON CONFLICT (id) DO UPDATE SET val = excluded.val`, []any{id, tenant(), fmt.Sprintf("v%d", i)}
+			case 2:
+				sql, args = `UPDATE `+table+` SET tenant = $2, val = $3 WHERE id = $1`, []any{id, tenant(), fmt.Sprintf("m%d", i)}
+			case 3:
+				sql, args = `UPDATE `+table+` SET val = $2 WHERE id BETWEEN $1 AND $1 + 3`, []any{id, fmt.Sprintf("u%d", i)}
+			default:
+				sql, args = `DELETE FROM `+table+` WHERE id = $1`, []any{id}
+			}
+			if _, err := tx.Exec(ctx, sql, args...); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Error(err)
+			return
+		}
+		if r.IntN(4) == 0 {
+			time.Sleep(time.Duration(r.IntN(20)) * time.Millisecond)
+		}
+	}
+}
+
+// TestWholeTransactions: a writer runs transactions over two tables and
+// two tenants (rows with no tenant too), moving rows between tenants,
+// deleting, and truncating once, while Go clients of each scope (tenant
+// a, tenant b, no tenant) follow both tables through sockets with small
+// receive buffers and a node with a tiny queue (so frames are dropped and
+// topics repaired from the journal), and every socket is closed twice
+// mid-stream (the clients reconnect with their cursors). Each client must
+// have been given only whole transactions — every run of changes up to an
+// end mark is exactly the changes of one source transaction in its scope,
+// as the journal groups them — and end with each table's rows of its
+// scope.
+func TestWholeTransactions(t *testing.T) {
+	env := newStateEnvWith(t, func(_ *replication.Config, c *Config) {
+		c.MaxBufferedBytes = 4096
+		c.MaxDroppedFrames = 1 << 20
+		c.MaxLag = time.Minute
+	}, `CREATE TABLE notes (id int PRIMARY KEY, tenant text, val text)`, `ALTER PUBLICATION pub ADD TABLE notes`)
+	pgtest.MustExec(t, env.src, `DELETE FROM docs`)
+	waitFor(t, "notes to be known", func() bool {
+		pgtest.MustExec(t, env.src, `INSERT INTO notes VALUES (0, NULL, 'x')`, `DELETE FROM notes`)
+		time.Sleep(100 * time.Millisecond)
+		return env.node.known("public.notes")
+	})
+	waitJournaled(t, env)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var readers gosync.WaitGroup
+	var fs []*txnFollower
+	for _, tenant := range []string{"a", "b", ""} {
+		claims := Claims{Topics: txnTables, Tenant: tenant, RegisteredClaims: jwt.RegisteredClaims{
+			Subject: "test", ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour))}}
+		tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString(syncJWTSecret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := &websocket.Dialer{HandshakeTimeout: 10 * time.Second, NetDialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if tc, ok := c.(*net.TCPConn); ok {
+				_ = tc.SetReadBuffer(4096)
+			}
+			return c, err
+		}}
+		c, err := client.Dial(ctx, env.wsURL(""), client.Options{Token: tok, Dialer: d, Buffer: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		f := &txnFollower{tenant: tenant, groups: map[string][][]int64{}, commit: map[string][]string{},
+			rows: map[string]map[string]string{}, open: map[string][]decoder.Envelope{}}
+		for _, topic := range txnTables {
+			f.rows[topic] = map[string]string{}
+			if err := c.Subscribe(topic, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		fs = append(fs, f)
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			r := rand.New(rand.NewPCG(uint64(len(tenant)), 7))
+			for {
+				ev, err := c.Next(ctx)
+				if err != nil {
+					return
+				}
+				f.event(ev)
+				if r.IntN(50) == 0 {
+					time.Sleep(5 * time.Millisecond) // a slow reader: its socket backs up
+				}
+			}
+		}()
+	}
+	for _, topic := range txnTables {
+		env.topicLive(topic, 3)
+	}
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		txnWriter(t, env.src, 42, 300)
+	}()
+	for range 2 {
+		time.Sleep(700 * time.Millisecond)
+		env.node.mu.Lock()
+		for s := range env.node.sockets {
+			s.closeWith(websocket.CloseGoingAway, "test", "test")
+		}
+		env.node.mu.Unlock()
+	}
+	<-done
+	waitJournaled(t, env)
+
+	for _, f := range fs {
+		for _, topic := range txnTables {
+			table := strings.TrimPrefix(topic, "public.")
+			var diff string
+			deadline := time.Now().Add(60 * time.Second)
+			for time.Now().Before(deadline) {
+				f.mu.Lock()
+				diff = diffStates(f.rows[topic], txnSourceRows(t, env.src, table, f.tenant))
+				f.mu.Unlock()
+				if diff == "" {
+					break
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			if diff != "" {
+				t.Errorf("client of tenant %q, %s: rows differ from the table after 60 s:\n%s", f.tenant, topic, diff)
+			}
+		}
+	}
+	cancel()
+	readers.Wait()
+
+	// The journal's grouping: per entity and scope, the seqs of each
+	// transaction (by commit LSN) a reader of that scope is given.
+	want := map[string]map[string][]int64{} // tenant/topic → commit → seqs
+	var lastSeq int64
+	for pos := int64(0); ; {
+		lg, err := env.j.ReadAfter(context.Background(), pos, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(lg.Entries) == 0 {
+			break
+		}
+		for _, e := range lg.Entries {
+			for _, tenant := range []string{"a", "b", ""} {
+				if e.TenantUnknown || e.HasTenant && (tenant == "" || e.Tenant != tenant) {
+					continue
+				}
+				k := tenant + "/" + e.Entity
+				if want[k] == nil {
+					want[k] = map[string][]int64{}
+				}
+				want[k][e.CommitLSN.String()] = append(want[k][e.CommitLSN.String()], e.Seq)
+			}
+			lastSeq = e.Seq
+		}
+		pos = lg.Entries[len(lg.Entries)-1].Seq
+	}
+	groups := 0
+	multi := 0
+	for _, f := range fs {
+		f.mu.Lock()
+		if len(f.errs) > 0 {
+			t.Errorf("client of tenant %q: %s", f.tenant, strings.Join(f.errs, "; "))
+		}
+		for _, topic := range txnTables {
+			for i, g := range f.groups[topic] {
+				c := f.commit[topic][i]
+				if c == "" {
+					t.Errorf("client of tenant %q, %s: a transaction of several commit LSNs: %v", f.tenant, topic, g)
+					continue
+				}
+				if w := want[f.tenant+"/"+topic][c]; !slices.Equal(g, w) {
+					t.Errorf("client of tenant %q, %s: transaction %s delivered as %v, the journal has %v in the scope", f.tenant, topic, c, g, w)
+				}
+				groups++
+				if len(g) > 1 {
+					multi++
+				}
+			}
+			if len(f.open[topic]) > 0 {
+				t.Errorf("client of tenant %q, %s: %d changes returned without their transaction's end", f.tenant, topic, len(f.open[topic]))
+			}
+		}
+		f.mu.Unlock()
+	}
+	st := env.node.Stats()
+	t.Logf("%d transactions delivered (%d of several changes), journal horizon %d; frames dropped %d, replay-gaps %d",
+		groups, multi, lastSeq, st.FramesDropped, st.ReplayGaps)
+	if multi == 0 {
+		t.Fatal("no transaction of several changes was delivered: the test checked nothing")
+	}
+}
