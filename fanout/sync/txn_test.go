@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	gosync "sync"
@@ -19,6 +21,7 @@ import (
 	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/fanout/client"
 	"github.com/walcast/walcast/internal/pgtest"
+	"github.com/walcast/walcast/journal"
 	"github.com/walcast/walcast/replication"
 )
 
@@ -365,5 +368,65 @@ func TestWholeTransactions(t *testing.T) {
 		groups, multi, lastSeq, st.FramesDropped, st.ReplayGaps)
 	if multi == 0 {
 		t.Fatal("no transaction of several changes was delivered: the test checked nothing")
+	}
+}
+
+// TestChangesHTTPWholeTransactions: GET /v1/changes pages end at
+// transaction boundaries: a page that would end inside a transaction ends
+// at the last boundary in it, and a transaction larger than the page comes
+// as partial pages linked by continue values (never accepted as cursors),
+// the last of which, not partial, carries the cursor after it.
+func TestChangesHTTPWholeTransactions(t *testing.T) {
+	e := newSyncEnv(t)
+	one := e.commit(ins(orders, 1))
+	big := e.commit(ins(orders, 2), ins(orders, 3), ins(orders, 4), ins(orders, 5), ins(orders, 6))
+	get := func(query string) (int, changesResponse) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", e.srv.URL+"/v1/changes?topic="+orders+"&"+query, nil)
+		req.Header.Set("Authorization", "Bearer "+token(t, []string{orders}, "", time.Hour))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out changesResponse
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		return resp.StatusCode, out
+	}
+	seqs := func(out changesResponse) []int64 {
+		var s []int64
+		for _, c := range out.Changes {
+			var env decoder.Envelope
+			_ = json.Unmarshal(c, &env)
+			s = append(s, env.Seq)
+		}
+		return s
+	}
+	start, _ := e.j.CursorAt(journal.Query{Entities: []string{orders}}, 0, one[0].Seq-1)
+	// Two changes would end inside the big transaction: the page ends
+	// after the first.
+	code, out := get("limit=2&cursor=" + url.QueryEscape(start))
+	if code != 200 || out.Partial || !out.More || !slices.Equal(seqs(out), []int64{one[0].Seq}) {
+		t.Fatalf("first page: %d %+v", code, out)
+	}
+	// The big transaction, two changes a page.
+	var got []int64
+	code, out = get("limit=2&cursor=" + url.QueryEscape(out.Cursor))
+	for i := 0; code == 200 && out.Partial && i < 5; i++ {
+		if out.Cursor != "" || out.Continue == "" || !out.More {
+			t.Fatalf("partial page: %+v", out)
+		}
+		got = append(got, seqs(out)...)
+		if c, _ := get("cursor=" + url.QueryEscape(out.Continue)); c != 400 {
+			t.Fatalf("a continue value taken as a cursor: %d", c)
+		}
+		code, out = get("limit=2&continue=" + url.QueryEscape(out.Continue))
+	}
+	got = append(got, seqs(out)...)
+	if code != 200 || out.Partial || out.Cursor == "" || !slices.Equal(got, entrySeqs(big)) {
+		t.Fatalf("big transaction: %d %+v, changes %v, want %v", code, out, got, entrySeqs(big))
+	}
+	if pos, err := e.j.CursorPosition(out.Cursor); err != nil || pos != big[len(big)-1].Seq {
+		t.Fatalf("cursor after the transaction at %d (%v), want %d", pos, err, big[len(big)-1].Seq)
 	}
 }
