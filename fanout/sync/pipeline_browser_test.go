@@ -359,6 +359,7 @@ type pageChange struct {
 	N              *int64  // after.n
 	At             float64 // performance.timeOrigin + performance.now() at the callback, ms
 	Commit         float64 // the envelope's commitTime, ms since the epoch
+	CommitLsn      string  // the envelope's commitLsn: its transaction
 }
 
 // TestBrowserPipeline drives Debian's Chromium through a page that keeps
@@ -462,6 +463,29 @@ func TestBrowserPipeline(t *testing.T) {
 		if s.v.Observed() != pipelineChanges {
 			t.Errorf("%s: %d changes, the workload committed %d", s.name, s.v.Observed(), pipelineChanges)
 		}
+	}
+
+	// 1b. Whole transactions: the changes of one transaction (the
+	// workload's three-change ones) reached the live() callback in one
+	// call.
+	multi := 0
+	byTxn := map[string][]pageChange{}
+	for _, c := range out.Stream {
+		byTxn[c.CommitLsn] = append(byTxn[c.CommitLsn], c)
+	}
+	for lsn, cs := range byTxn {
+		if len(cs) > 1 {
+			multi++
+		}
+		for _, c := range cs[1:] {
+			if c.At != cs[0].At {
+				t.Errorf("transaction %s reached the page in more than one callback: %+v", lsn, cs)
+				break
+			}
+		}
+	}
+	if multi == 0 {
+		t.Errorf("the page's stream holds no transaction of several changes")
 	}
 
 	// 2. The page's state is the table.
