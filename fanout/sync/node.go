@@ -865,19 +865,34 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 		t.mu.Unlock()
 		return
 	}
+	end := msg.Header.Get(bus.HeaderTxnEnd) == bus.TxnEndEntity
+	c := &liveChange{seq: seq, epoch: epoch, op: head.Op, commit: msg.Header.Get(bus.HeaderCommitLSN), payload: payload}
 	if head.Oversize {
 		// The row is read from the journal, never on this callback (a slow
 		// journal would stall the entity's delivery to every member): the
 		// members that see it catch up from their positions, on their own
-		// goroutines, and the journal read brings the full envelope.
+		// goroutines, and the journal read brings the full envelope (and
+		// what they held, again, with its end mark).
 		t.mu.Lock()
+		enc := liveFrames{n: n, topic: t.entity}
 		k := 0
 		for m := range t.members {
-			if m.state == memberLive && m.epoch == epoch && seq > m.pos && visible(m.tenantTok, tenantTok, unknown) {
+			if m.state != memberLive || m.epoch != epoch {
+				continue
+			}
+			if h := m.held; h != nil && h.commit != c.commit {
+				m.releaseLocked(&enc, true)
+			}
+			if m.state != memberLive {
+				continue
+			}
+			if seq > m.pos && visible(m.tenantTok, tenantTok, unknown) {
 				m.held = nil // read again from m.pos
 				m.state = memberCatchingUp
 				m.s.startCatchUp(m)
 				k++
+			} else if end && m.held != nil {
+				m.releaseLocked(&enc, true)
 			}
 		}
 		t.mu.Unlock()
@@ -886,9 +901,6 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 		}
 		return
 	}
-	end := msg.Header.Get(bus.HeaderTxnEnd) == bus.TxnEndEntity
-	c := &liveChange{seq: seq, epoch: epoch, op: head.Op, commit: msg.Header.Get(bus.HeaderCommitLSN), payload: payload}
-
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	enc := liveFrames{n: n, topic: t.entity}
