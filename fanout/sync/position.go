@@ -128,6 +128,7 @@ func (n *Node) advanceTo(e, seq int64) {
 	}
 	moved := int64(0)
 	for _, t := range topics {
+		released := false
 		t.mu.Lock()
 		switch jl := last[t.entity]; {
 		case !t.baselined:
@@ -138,15 +139,15 @@ func (n *Node) advanceTo(e, seq int64) {
 				if m.state != memberLive || m.epoch != e {
 					continue
 				}
-				if m.held != nil && m.held.seq <= seq {
-					// Everything of the entity up to seq arrived, and
-					// seq is a transaction boundary (the journal's
-					// horizon is one): the held change ends its
-					// transaction.
+				if m.held != nil && m.held.seq <= horizon {
+					// Everything of the entity up to the horizon just
+					// read arrived, and a horizon is a transaction
+					// boundary: the held change ends its transaction.
 					if enc.n == nil {
 						enc = liveFrames{n: n, topic: t.entity}
 					}
 					m.releaseLocked(&enc, true)
+					released = true
 				}
 				if m.state == memberLive && m.held == nil && !m.mid && m.pos < seq {
 					m.pos, m.bound = seq, seq
@@ -166,6 +167,11 @@ func (n *Node) advanceTo(e, seq int64) {
 			t.lost = lostCheck{set: true, eseq: t.lastEntitySeq, horizon: horizon}
 		}
 		t.mu.Unlock()
+		if released {
+			// Released off the topic's NATS callback: no message's end
+			// starts the writers the frames were queued for.
+			t.endBurst(nil)
+		}
 	}
 	n.stats.positionsMoved.Add(moved)
 }
