@@ -139,6 +139,21 @@ func (j *Journal) LastEntitySeq(ctx context.Context, entity string) (int64, erro
 	return n, nil
 }
 
+// EntityBaseline returns, read together on the journal's server (never a
+// standby), the entitySeq of the entity's newest journaled change (0 when
+// it has none) and the journal's horizon: what a sync node that has just
+// subscribed to the entity's messages takes as its baseline, and the seq
+// its readers must read up to, since changes published before the
+// subscription never reach it.
+func (j *Journal) EntityBaseline(ctx context.Context, entity string) (last, horizon int64, err error) {
+	err = j.queryRow(ctx, "SELECT coalesce((SELECT last_seq FROM "+j.sql.entitySeqs+" WHERE entity = $1), 0), (SELECT next_seq - 1 FROM "+j.sql.meta+")",
+		[]any{entity}, &last, &horizon)
+	if err != nil {
+		return 0, 0, opErr("journal.EntityBaseline", err, "")
+	}
+	return last, horizon, nil
+}
+
 // Entities returns the entities that have at least one journaled change and
 // whose name is at most maxBytes long (0: any), at most limit of them (0:
 // 100000), in name order: what a sync node accepts as topics under a "*"

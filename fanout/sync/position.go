@@ -126,6 +126,11 @@ func (n *Node) advanceTo(e, seq int64) {
 	if n.epoch.Load() != e {
 		return
 	}
+	// What EntityProgress read is true up to its horizon, which on a
+	// standby journal (--journal-read-url) may lag the publisher: a topic
+	// that has every change the standby holds has every change up to that
+	// horizon, not necessarily up to seq.
+	seq = min(seq, horizon)
 	moved := int64(0)
 	for _, t := range topics {
 		t.mu.Lock()
