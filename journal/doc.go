@@ -85,5 +85,7 @@
 //   - retention.go: pruning; snapshot.go, snapshot_tables.go: snapshot
 //     requests and progress, and the publication's recorded tables;
 //     catalog.go: what readers may see of each table.
-//   - pool.go, limits_*.go: connections and their time bounds.
+//   - pool.go, limits_*.go: connections and their time bounds; replica.go:
+//     reads from a physical standby (Config.ReadURL), and what a lagging
+//     one may and may not answer.
 package journal
