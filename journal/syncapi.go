@@ -190,33 +190,35 @@ func (j *Journal) Entities(ctx context.Context, maxBytes, limit int) ([]string, 
 	return out, nil
 }
 
-// EntityProgress returns, read together, the journal's horizon and the
-// entitySeq of the newest journaled change of each of entities (absent for
-// one with none): what a sync node compares with the changes it has
-// received to tell that none was lost on the way (fanout/sync position.go).
+// EntityProgress returns, read together, the journal's horizon and epoch
+// and the entitySeq of the newest journaled change of each of entities
+// (absent for one with none): what a sync node compares with the changes
+// it has received to tell that none was lost on the way (fanout/sync
+// position.go). epoch is the caller's: the answer is of another epoch
+// only when the journal's server has moved on from it.
 //
-// With a standby (Config.ReadURL) it reads there: the horizon and the
-// entitySeqs are then an earlier moment's, consistent with each other,
-// so a caller must take them as true up to the returned horizon only.
-func (j *Journal) EntityProgress(ctx context.Context, entities []string) (int64, map[string]int64, error) {
+// With a standby (Config.ReadURL) it reads there, unless the standby is
+// of another epoch than the caller's: the horizon and the entitySeqs are
+// then an earlier moment's, consistent with each other, so a caller must
+// take them as true up to the returned horizon only.
+func (j *Journal) EntityProgress(ctx context.Context, epoch int64, entities []string) (horizon, readEpoch int64, last map[string]int64, err error) {
 	type progress struct {
-		horizon int64
-		names   []string
-		last    []int64
+		horizon, epoch int64
+		names          []string
+		last           []int64
 	}
-	pr, err := readAt(ctx, j, 0, -1, func(ctx context.Context, p *connPool) (progress, int64, int64, error) {
+	pr, err := readAt(ctx, j, 0, epoch, func(ctx context.Context, p *connPool) (progress, int64, int64, error) {
 		var pr progress
-		err := j.queryRowOn(ctx, p, "SELECT (SELECT next_seq - 1 FROM "+j.sql.meta+"), coalesce(array_agg(entity), '{}'), coalesce(array_agg(last_seq), '{}') FROM "+
-			j.sql.entitySeqs+" WHERE entity = ANY($1)", []any{entities}, &pr.horizon, &pr.names, &pr.last)
-		return pr, pr.horizon, 0, err
+		err := j.queryRowOn(ctx, p, "SELECT (SELECT next_seq - 1 FROM "+j.sql.meta+"), (SELECT epoch FROM "+j.sql.meta+"), coalesce(array_agg(entity), '{}'), coalesce(array_agg(last_seq), '{}') FROM "+
+			j.sql.entitySeqs+" WHERE entity = ANY($1)", []any{entities}, &pr.horizon, &pr.epoch, &pr.names, &pr.last)
+		return pr, pr.horizon, pr.epoch, err
 	})
 	if err != nil {
-		return 0, nil, opErr("journal.EntityProgress", err, "")
+		return 0, 0, nil, opErr("journal.EntityProgress", err, "")
 	}
-	horizon, names, last := pr.horizon, pr.names, pr.last
-	out := make(map[string]int64, len(names))
-	for i, e := range names {
-		out[e] = last[i]
+	out := make(map[string]int64, len(pr.names))
+	for i, e := range pr.names {
+		out[e] = pr.last[i]
 	}
-	return horizon, out, nil
+	return pr.horizon, pr.epoch, out, nil
 }

@@ -117,13 +117,13 @@ func (n *Node) advanceTo(e, seq int64) {
 		entities[i] = t.entity
 	}
 	ctx, cancel := context.WithTimeout(n.ctx, 10*time.Second)
-	horizon, last, err := n.j.EntityProgress(ctx, entities)
+	horizon, je, last, err := n.j.EntityProgress(ctx, e, entities)
 	cancel()
 	if err != nil {
 		n.warnEvery("position", "cannot read the journal to apply the publisher's position; positions stay", "err", err)
 		return
 	}
-	if n.epoch.Load() != e {
+	if je != e || n.epoch.Load() != e {
 		return
 	}
 	// What EntityProgress read is true up to its horizon, which on a
