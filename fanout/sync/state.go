@@ -662,6 +662,7 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 	}
 	passed := false     // an entry committed after walAt was read: every later one is invisible in snap
 	asked := time.Now() // a busy source covers walAt by itself within a second
+	var waited int64    // the journal server's horizon the last wait returned
 	for {
 		// Whether everything committed up to walAt is journaled. The
 		// journal's own watermark is checked in the read itself (below);
@@ -669,7 +670,10 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 		// whose horizon the reads must then reach (a standby journal,
 		// --journal-read-url, may not have replayed it yet).
 		covered := passed
-		var atLeast int64
+		// A standby journal is read at least as far as the server held
+		// when the last wait returned: a standby behind it would
+		// otherwise answer short at once, and the loop spin on it.
+		atLeast := waited
 		if !covered && slot != "" {
 			var confirmed *string
 			qctx, cancel := context.WithTimeout(ctx, time.Second) // a pool busy with reads: ask again later
@@ -695,7 +699,7 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 			if err != nil {
 				return 0, fmt.Errorf("journal read: %w", err)
 			}
-			atLeast = st.Horizon
+			atLeast = max(atLeast, st.Horizon)
 		}
 		for {
 			cq := q
@@ -771,7 +775,9 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 		// a moment, for the replicator to confirm an idle source's
 		// position).
 		wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-		_, _ = j.Wait(wctx, pos)
+		if h, err := j.Wait(wctx, pos); err == nil && h > pos {
+			waited = h
+		}
 		cancel()
 		if ctx.Err() != nil {
 			return 0, ctx.Err()
