@@ -680,11 +680,13 @@ func (n *Node) currentHorizon(ctx context.Context, q journal.Query) (int64, erro
 	if n.horizonKnown.Load() {
 		return n.horizon.Load(), nil
 	}
-	c, err := n.j.HorizonCursor(ctx, q)
+	// From the journal's server, as the horizon the node follows is (a
+	// standby journal's could be of an epoch the node has left).
+	st, err := n.j.State(ctx)
 	if err != nil {
 		return 0, err
 	}
-	return n.j.CursorPosition(c)
+	return st.Horizon, nil
 }
 
 // maxCatchUpPages bounds the journal pages one socket holds at once.
