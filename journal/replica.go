@@ -139,8 +139,7 @@ func (j *Journal) openReplica(ctx context.Context, cfg Config, lim limits) error
 	}
 	// A physical standby has its primary's system identifier; a logical
 	// copy or a restored clone does not. Only a check where both servers
-	// let the role read it (pg_control_system is for superusers and
-	// pg_monitor on some services).
+	// let the role call pg_control_system() (managed services may not).
 	var a, b int64
 	if j.queryRow(ctx, "SELECT system_identifier FROM pg_control_system()", nil, &a) == nil &&
 		j.queryRowOn(ctx, r.pool, "SELECT system_identifier FROM pg_control_system()", nil, &b) == nil && a != b {
