@@ -42,10 +42,13 @@ import (
 //     the query, its schema is older than the server's) is made on the
 //     journal's server.
 //
-// Migrations, appends, LISTEN (a standby cannot listen), Epoch, State,
-// Watermark, Source, LastEntitySeq, the catalog and snapshot bookkeeping
-// always go to the journal's server: readers base correctness decisions
-// on them, and a standby's older answer would not be one they can check.
+// Migrations, appends and what they read (tenant lookups, fencing), the
+// publisher's reads (ReadAfter, the published position), LISTEN (a
+// standby cannot listen), Epoch, State, Watermark, Source,
+// LastEntitySeq, EntityBaseline, the catalog and snapshot bookkeeping
+// always go to the journal's server: writers need the newest state, and
+// readers base correctness decisions on these, where a standby's older
+// answer would not be one they can check.
 //
 // The standby must be one server: reads through a balancer over several
 // standbys could see the journal go back between two reads.
