@@ -87,5 +87,7 @@
 //     the snapshot worker uses of them is the snapshotBook interface in
 //     replication/snapshot_book.go);
 //     catalog.go: what readers may see of each table.
-//   - pool.go, limits_*.go: connections and their time bounds.
+//   - pool.go, limits_*.go: connections and their time bounds; replica.go:
+//     reads from a physical standby (Config.ReadURL), and what a lagging
+//     one may and may not answer.
 package journal

@@ -63,6 +63,22 @@ type Config struct {
 	// as tampered: keep a secret here for as long as clients may hold cursors
 	// signed with it.
 	PreviousCursorSecrets [][]byte
+	// ReadURL, when set, is a libpq URL or DSN of a physical standby of
+	// the journal's server: the reads that serve readers (Changes,
+	// EntryAt, EntityProgress, Entities, FirstSeqInvisible,
+	// FirstSeqAfterLSN) go there, everything else (migrations, appends,
+	// LISTEN, the epoch, watermark and meta reads a reader bases
+	// correctness decisions on) to URL. See replica.go for what a lagging
+	// standby may and may not answer. Ignored when ReadConnConfig is set.
+	ReadURL string
+	// ReadConnConfig is ReadURL for callers that build the connection
+	// configuration themselves.
+	ReadConnConfig *pgx.ConnConfig
+	// ReadMaxWait is how long a read that must see a seq the standby has
+	// not replayed yet waits for it before it is made on the journal's
+	// server instead; default DefaultReadMaxWait, negative: no wait.
+	ReadMaxWait time.Duration
+
 	// RejectForeignJournal makes an authentic cursor issued by a different
 	// journal an error (ErrForeignJournal) instead of a resync. Set it when
 	// several journals share one cursor secret and a client presenting
@@ -74,6 +90,7 @@ type Config struct {
 // Journal is an open journal. Its methods are safe for concurrent use.
 type Journal struct {
 	pool    *connPool
+	replica *replica // nil without Config.ReadURL (replica.go)
 	connCfg *pgx.ConnConfig
 	limits  limits
 	schema  string
@@ -165,6 +182,12 @@ func Open(ctx context.Context, cfg Config) (*Journal, error) {
 		j.Close()
 		return nil, err
 	}
+	if cfg.ReadURL != "" || cfg.ReadConnConfig != nil {
+		if err := j.openReplica(ctx, cfg, lim); err != nil {
+			j.Close()
+			return nil, err
+		}
+	}
 	return j, nil
 }
 
@@ -183,6 +206,9 @@ func (j *Journal) close(abort bool) {
 	if abort {
 		// Break calls in flight even when Close already ran.
 		j.pool.close(true)
+		if j.replica != nil {
+			j.replica.pool.close(true)
+		}
 	}
 	j.lmu.Lock()
 	if j.closed {
@@ -197,6 +223,9 @@ func (j *Journal) close(abort bool) {
 		l.stop()
 	}
 	j.pool.close(abort)
+	if j.replica != nil {
+		j.replica.pool.close(abort)
+	}
 }
 
 // ID is the journal id: random, created with the schema, and part of every

@@ -34,6 +34,14 @@ type Query struct {
 	// an end user's request. Tenant is ignored when it is set.
 	AllTenants bool
 
+	// AtLeast is a seq the caller knows the journal holds (one it was
+	// given live, or the journal server's horizon): a read made on a
+	// standby (Config.ReadURL) that has not replayed it yet waits for the
+	// standby, or is made on the journal's server (replica.go), so its
+	// Result reaches at least AtLeast. 0: no such seq. Without a standby
+	// it changes nothing.
+	AtLeast int64
+
 	// Limit bounds the number of changes returned; 0 means DefaultLimit and
 	// values above MaxLimit are lowered to it.
 	Limit int
@@ -139,6 +147,10 @@ type Result struct {
 	// Epoch is the journal's epoch at the time of the read: that of Cursor
 	// and ResyncCursor.
 	Epoch int64
+	// Watermark is the journal's watermark at the time of the read: every
+	// source transaction that committed at or before it is journaled at
+	// or below Horizon.
+	Watermark decoder.LSN
 }
 
 // Changes reads the journal as DESIGN §5 describes.
@@ -192,11 +204,21 @@ func (j *Journal) Changes(ctx context.Context, q Query) (Result, error) {
 		}
 	}
 
-	rows, err := j.readEntries(ctx, sc, start, epoch, q.FromOldest && q.Cursor == "", limit, byteBound(q.MaxBytes))
+	// On a standby: a cursor's own position must be replayed (else the
+	// standby would call it ahead), and its epoch must be the standby's
+	// (else only the journal's server can say whether it is current).
+	need, wantEpoch := q.AtLeast, int64(-1)
+	if start != nil {
+		need, wantEpoch = max(need, *start), epoch
+	}
+	rows, err := readAt(ctx, j, need, wantEpoch, func(ctx context.Context, p *connPool) (readRows, int64, int64, error) {
+		rows, err := j.readEntries(ctx, p, sc, start, epoch, q.FromOldest && q.Cursor == "", limit, byteBound(q.MaxBytes))
+		return rows, rows.horizon, rows.epoch, err
+	})
 	if err != nil {
 		return Result{}, opErr(op, err, "")
 	}
-	res := Result{Horizon: rows.horizon, Epoch: rows.epoch}
+	res := Result{Horizon: rows.horizon, Epoch: rows.epoch, Watermark: decoder.LSN(rows.watermark)}
 	if reason == "" && start != nil {
 		p := *start
 		switch {
@@ -253,6 +275,7 @@ func (j *Journal) cursorAt(epoch, pos int64, scopeHash [16]byte) string {
 
 type readRows struct {
 	horizon, floor, resyncSeq int64
+	watermark                 int64
 	epoch                     int64
 	start                     int64 // position the read started after
 	window                    int64 // entries (start, start+window] were scanned
@@ -266,7 +289,9 @@ type readRows struct {
 // another transaction, or when no entry of the scope follows it up to the
 // horizon (always a transaction boundary). Only the last entry can lack a
 // next one within the scanned window; when the window stopped short of
-// the horizon, TxnRest looks at the rest of its transaction.
+// the horizon, TxnRest looks at the rest of its transaction — on the
+// journal's server even when the read was a standby's: a transaction is
+// whole on both, so the answer is the same.
 func (j *Journal) markTxnEnds(ctx context.Context, sc scope, rows *readRows) error {
 	for i := range rows.entries {
 		e := &rows.entries[i]
@@ -305,7 +330,7 @@ func scanWindow(limit int) int64 { return int64(limit) + 20000 }
 // the start position in one statement, hence one snapshot. With start nil it
 // starts at the horizon, or with fromOldest at max(floor-1, resyncSeq). No
 // entry is read when the start position needs a resync.
-func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, epoch int64, fromOldest bool, limit, maxBytes int) (readRows, error) {
+func (j *Journal) readEntries(ctx context.Context, pool *connPool, sc scope, start *int64, epoch int64, fromOldest bool, limit, maxBytes int) (readRows, error) {
 	var filter strings.Builder
 	args := []any{start, fromOldest, limit, scanWindow(limit), maxBytes, epoch}
 
@@ -330,9 +355,9 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, epoch
 	// preceding matches sum to less than maxBytes ($5), plus one more (the
 	// first whose predecessors reach it: before_bytes >= $5) that only tells
 	// the caller the read was cut; its row is dropped.
-	sql := `SELECT b.horizon, b.floor, b.resync_seq, b.epoch, b.start,
+	sql := `SELECT b.horizon, b.floor, b.resync_seq, b.epoch, b.start, b.watermark,
 		e.seq, e.entity, e.entity_seq, e.tenant, e.tenant_unknown, e.op, e.lsn, e.commit_lsn, e.commit_time, e.envelope, e.before_bytes, e.xid8, e.next_commit
-	FROM (SELECT m.next_seq - 1 AS horizon, r.floor, m.resync_seq, m.epoch,
+	FROM (SELECT m.next_seq - 1 AS horizon, r.floor, m.resync_seq, m.epoch, m.watermark,
 			coalesce($1::bigint, CASE WHEN $2::boolean THEN greatest(r.floor - 1, m.resync_seq) ELSE m.next_seq - 1 END) AS start
 		FROM ` + j.sql.meta + ` m, ` + j.sql.retention + ` r LIMIT 1) b
 	LEFT JOIN LATERAL (
@@ -354,17 +379,17 @@ func (j *Journal) readEntries(ctx context.Context, sc scope, start *int64, epoch
 	) e ON true
 	ORDER BY e.chunk_end, e.chunk_i`
 
-	conn, err := j.pool.acquire(ctx)
+	conn, err := pool.acquire(ctx)
 	if err != nil {
 		return readRows{}, err
 	}
-	defer j.pool.release(conn)
+	defer pool.release(conn)
 	out := readRows{window: scanWindow(limit)}
 	err = queryInOrder(ctx, conn, sql, args, func(rows pgx.Rows) error {
 		var c entryCols
 		var before *int64
 		var x8, next pgtype.Int8
-		if err := rows.Scan(append(append([]any{&out.horizon, &out.floor, &out.resyncSeq, &out.epoch, &out.start}, c.dest()...), &before, &x8, &next)...); err != nil {
+		if err := rows.Scan(append(append([]any{&out.horizon, &out.floor, &out.resyncSeq, &out.epoch, &out.start, &out.watermark}, c.dest()...), &before, &x8, &next)...); err != nil {
 			return err
 		}
 		e, ok := c.entry()

@@ -3,6 +3,7 @@ package journal
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -76,35 +77,55 @@ var ErrNoEntry = errors.New("journal entry not retained")
 
 // EntryAt reads the entry with the given seq, whatever its entity or tenant:
 // the caller applies its own scope. It fails with ErrNoEntry when the entry
-// is not retained.
+// is not retained. With a standby (Config.ReadURL) it reads there, and a
+// seq the standby has not replayed yet is waited for or read on the
+// journal's server: ErrNoEntry always means pruned or never written.
 func (j *Journal) EntryAt(ctx context.Context, seq int64) (Entry, error) {
 	const op = "journal.EntryAt"
-	var (
-		e         Entry
-		tenant    *string
-		opv       string
-		lsn, clsn int64
-		envelope  string
-		x8        *int64
-	)
-	err := j.queryRow(ctx, `SELECT seq, entity, entity_seq, tenant, tenant_unknown, op, lsn, commit_lsn, commit_time, envelope, xid8
-		FROM `+j.entriesIn("$1::bigint - 1", "$1::bigint", "entity", "entity_seq", "tenant", "tenant_unknown", "op", "lsn", "commit_lsn", "commit_time", "envelope", "xid8")+` e
-		WHERE e.seq >= (SELECT floor FROM `+j.sql.retention+`)`, []any{seq},
-		&e.Seq, &e.Entity, &e.EntitySeq, &tenant, &e.TenantUnknown, &opv, &lsn, &clsn, &e.CommitTime, &envelope, &x8)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Entry{}, opErr(op, ErrNoEntry, "")
+	type found struct {
+		e  Entry
+		ok bool
 	}
+	f, err := readAt(ctx, j, seq, -1, func(ctx context.Context, p *connPool) (found, int64, int64, error) {
+		var (
+			f         found
+			horizon   int64
+			seqv      *int64
+			tenant    *string
+			opv       *string
+			lsn, clsn *int64
+			envelope  *string
+			x8        *int64
+			ct        *time.Time
+			eseq      *int64
+			entity    *string
+			unknown   *bool
+		)
+		err := j.queryRowOn(ctx, p, `SELECT b.horizon, e.seq, e.entity, e.entity_seq, e.tenant, e.tenant_unknown, e.op, e.lsn, e.commit_lsn, e.commit_time, e.envelope, e.xid8
+			FROM (SELECT next_seq - 1 AS horizon FROM `+j.sql.meta+`) b LEFT JOIN LATERAL (SELECT * FROM `+
+			j.entriesIn("$1::bigint - 1", "$1::bigint", "entity", "entity_seq", "tenant", "tenant_unknown", "op", "lsn", "commit_lsn", "commit_time", "envelope", "xid8")+` e
+			WHERE e.seq >= (SELECT floor FROM `+j.sql.retention+`)) e ON true`, []any{seq},
+			&horizon, &seqv, &entity, &eseq, &tenant, &unknown, &opv, &lsn, &clsn, &ct, &envelope, &x8)
+		if err != nil || seqv == nil {
+			return f, horizon, 0, err
+		}
+		e := Entry{Seq: *seqv, Entity: *entity, EntitySeq: *eseq, TenantUnknown: *unknown, Op: decoder.Op(*opv),
+			LSN: decoder.LSN(*lsn), CommitLSN: decoder.LSN(*clsn), CommitTime: *ct, Envelope: []byte(*envelope)}
+		if tenant != nil {
+			e.Tenant, e.HasTenant = *tenant, true
+		}
+		if x8 != nil {
+			e.Xid8, e.HasXid8 = uint64(*x8), true
+		}
+		return found{e: e, ok: true}, horizon, 0, nil
+	})
 	if err != nil {
 		return Entry{}, opErr(op, err, "")
 	}
-	if tenant != nil {
-		e.Tenant, e.HasTenant = *tenant, true
+	if !f.ok {
+		return Entry{}, opErr(op, ErrNoEntry, "")
 	}
-	if x8 != nil {
-		e.Xid8, e.HasXid8 = uint64(*x8), true
-	}
-	e.Op, e.LSN, e.CommitLSN, e.Envelope = decoder.Op(opv), decoder.LSN(lsn), decoder.LSN(clsn), []byte(envelope)
-	return e, nil
+	return f.e, nil
 }
 
 // LastEntitySeq returns the entitySeq of the entity's newest journaled
@@ -118,10 +139,29 @@ func (j *Journal) LastEntitySeq(ctx context.Context, entity string) (int64, erro
 	return n, nil
 }
 
+// EntityBaseline returns, read together on the journal's server (never a
+// standby), the entitySeq of the entity's newest journaled change (0 when
+// it has none) and the journal's horizon: what a sync node that has just
+// subscribed to the entity's messages takes as its baseline, and the seq
+// its readers must read up to, since changes published before the
+// subscription never reach it.
+func (j *Journal) EntityBaseline(ctx context.Context, entity string) (last, horizon int64, err error) {
+	err = j.queryRow(ctx, "SELECT coalesce((SELECT last_seq FROM "+j.sql.entitySeqs+" WHERE entity = $1), 0), (SELECT next_seq - 1 FROM "+j.sql.meta+")",
+		[]any{entity}, &last, &horizon)
+	if err != nil {
+		return 0, 0, opErr("journal.EntityBaseline", err, "")
+	}
+	return last, horizon, nil
+}
+
 // Entities returns the entities that have at least one journaled change and
 // whose name is at most maxBytes long (0: any), at most limit of them (0:
 // 100000), in name order: what a sync node accepts as topics under a "*"
 // grant. It reads the per-entity bookkeeping only (one row per entity).
+//
+// With a standby (Config.ReadURL) it reads there: an entity whose first
+// change the standby has not replayed yet is missing from the list until
+// it has.
 func (j *Journal) Entities(ctx context.Context, maxBytes, limit int) ([]string, error) {
 	if maxBytes <= 0 {
 		maxBytes = 1 << 30
@@ -129,38 +169,56 @@ func (j *Journal) Entities(ctx context.Context, maxBytes, limit int) ([]string, 
 	if limit <= 0 {
 		limit = 100000
 	}
-	conn, err := j.pool.acquire(ctx)
-	if err != nil {
-		return nil, opErr("journal.Entities", err, "")
-	}
-	defer j.pool.release(conn)
-	rows, err := conn.Query(ctx, "SELECT entity FROM "+j.sql.entitySeqs+" WHERE octet_length(entity) <= $1 ORDER BY entity LIMIT $2", maxBytes, limit)
-	if err != nil {
-		return nil, opErr("journal.Entities", err, "")
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	out, err := readAt(ctx, j, 0, -1, func(ctx context.Context, p *connPool) ([]string, int64, int64, error) {
+		ctx, cancel := j.callCtx(ctx)
+		defer cancel()
+		conn, err := p.acquire(ctx)
+		if err != nil {
+			return nil, 0, 0, err
+		}
+		defer p.release(conn)
+		rows, err := conn.Query(ctx, "SELECT entity FROM "+j.sql.entitySeqs+" WHERE octet_length(entity) <= $1 ORDER BY entity LIMIT $2", maxBytes, limit)
+		if err != nil {
+			return nil, 0, 0, err
+		}
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		return out, 0, 0, err
+	})
 	if err != nil {
 		return nil, opErr("journal.Entities", err, "")
 	}
 	return out, nil
 }
 
-// EntityProgress returns, read together, the journal's horizon and the
-// entitySeq of the newest journaled change of each of entities (absent for
-// one with none): what a sync node compares with the changes it has
-// received to tell that none was lost on the way (fanout/sync position.go).
-func (j *Journal) EntityProgress(ctx context.Context, entities []string) (int64, map[string]int64, error) {
-	var horizon int64
-	var names []string
-	var last []int64
-	err := j.queryRow(ctx, "SELECT (SELECT next_seq - 1 FROM "+j.sql.meta+"), coalesce(array_agg(entity), '{}'), coalesce(array_agg(last_seq), '{}') FROM "+
-		j.sql.entitySeqs+" WHERE entity = ANY($1)", []any{entities}, &horizon, &names, &last)
+// EntityProgress returns, read together, the journal's horizon and epoch
+// and the entitySeq of the newest journaled change of each of entities
+// (absent for one with none): what a sync node compares with the changes
+// it has received to tell that none was lost on the way (fanout/sync
+// position.go). epoch is the caller's: the answer is of another epoch
+// only when the journal's server has moved on from it.
+//
+// With a standby (Config.ReadURL) it reads there, unless the standby is
+// of another epoch than the caller's: the horizon and the entitySeqs are
+// then an earlier moment's, consistent with each other, so a caller must
+// take them as true up to the returned horizon only.
+func (j *Journal) EntityProgress(ctx context.Context, epoch int64, entities []string) (horizon, readEpoch int64, last map[string]int64, err error) {
+	type progress struct {
+		horizon, epoch int64
+		names          []string
+		last           []int64
+	}
+	pr, err := readAt(ctx, j, 0, epoch, func(ctx context.Context, p *connPool) (progress, int64, int64, error) {
+		var pr progress
+		err := j.queryRowOn(ctx, p, "SELECT (SELECT next_seq - 1 FROM "+j.sql.meta+"), (SELECT epoch FROM "+j.sql.meta+"), coalesce(array_agg(entity), '{}'), coalesce(array_agg(last_seq), '{}') FROM "+
+			j.sql.entitySeqs+" WHERE entity = ANY($1)", []any{entities}, &pr.horizon, &pr.epoch, &pr.names, &pr.last)
+		return pr, pr.horizon, pr.epoch, err
+	})
 	if err != nil {
-		return 0, nil, opErr("journal.EntityProgress", err, "")
+		return 0, 0, nil, opErr("journal.EntityProgress", err, "")
 	}
-	out := make(map[string]int64, len(names))
-	for i, e := range names {
-		out[e] = last[i]
+	out := make(map[string]int64, len(pr.names))
+	for i, e := range pr.names {
+		out[e] = pr.last[i]
 	}
-	return horizon, out, nil
+	return pr.horizon, pr.epoch, out, nil
 }

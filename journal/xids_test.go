@@ -134,3 +134,39 @@ func TestXid8Migration(t *testing.T) {
 		t.Fatalf("after the migration: %+v", got)
 	}
 }
+
+// FirstSeqAfterLSN finds the first entry whose commit ends past an LSN (a
+// standby's replay position), all of a transaction's entries sharing its
+// commit LSN, and never reaches below the retained floor.
+func TestFirstSeqAfterLSN(t *testing.T) {
+	j, gen, _ := newJournal(t)
+	ctx := testCtx(t)
+	res := mustAppend(t, j, gen,
+		mkTx(1, 0x100, testEpoch, ins("public.a", 1)),
+		mkTx(2, 0x200, testEpoch, ins("public.a", 2), ins("public.a", 3)),
+		mkTx(3, 0x300, testEpoch, ins("public.a", 4)),
+	)
+	s := res.FirstSeq // seqs s (0x100), s+1 and s+2 (0x200), s+3 (0x300)
+	for _, tc := range []struct {
+		name string
+		lsn  decoder.LSN
+		want int64 // 0: none
+	}{
+		{"before everything", 0x50, s},
+		{"at the first commit's end", 0x100, s + 1},
+		{"inside the second transaction", 0x1ff, s + 1},
+		{"at the last commit's end", 0x300, 0},
+	} {
+		first, ok, readFrom, err := j.FirstSeqAfterLSN(ctx, 0, s+3, tc.lsn)
+		if err != nil || ok != (tc.want != 0) || (ok && first != tc.want) || readFrom != s-1 {
+			t.Errorf("%s: %d %v from %d (%v), want %d from %d", tc.name, first, ok, readFrom, err, tc.want, s-1)
+		}
+	}
+	if _, err := j.Prune(ctx, Retention{MaxRows: 2}); err != nil {
+		t.Fatal(err)
+	}
+	first, ok, readFrom, err := j.FirstSeqAfterLSN(ctx, 0, s+3, 0x50)
+	if err != nil || !ok || first != s+2 || readFrom != s+1 {
+		t.Fatalf("after pruning to 2 entries: %d %v from %d (%v), want %d from %d", first, ok, readFrom, err, s+2, s+1)
+	}
+}

@@ -26,6 +26,8 @@ import (
 type syncFlags struct {
 	nf              natsFlags
 	journalURL      string
+	journalReadURL  string
+	journalReadWait time.Duration
 	schema          string
 	journalTimeout  time.Duration
 	listen          string
@@ -76,6 +78,8 @@ Exit status: 0 after a clean stop (SIGINT/SIGTERM), 1 when the node fails,
 	f := cmd.Flags()
 	sf.nf.register(cmd, "NATS server(s) the publisher publishes to (required)")
 	f.StringVar(&sf.journalURL, "journal-url", "", "journal database, libpq URL or DSN (required)")
+	f.StringVar(&sf.journalReadURL, "journal-read-url", "", "a physical (streaming) standby of the journal's server, libpq URL or DSN: catch-up, gap repair and GET /v1/changes reads go there to spare --journal-url; reads it has not replayed far enough for wait for it, then go to --journal-url (empty: every read goes to --journal-url)")
+	f.DurationVar(&sf.journalReadWait, "journal-read-max-wait", journal.DefaultReadMaxWait, "how long a read that must see a change the --journal-read-url standby has not replayed yet waits for it before it is made on --journal-url (0: do not wait)")
 	f.StringVar(&sf.schema, "journal-schema", journal.DefaultSchema, "schema of the journal")
 	f.DurationVar(&sf.journalTimeout, "journal-timeout", journal.DefaultCallTimeout, "limit of each journal read (statement, lock and idle timeouts and TCP keepalives derive from it)")
 	f.StringVar(&sf.listen, "listen", "127.0.0.1:8080", "address for /v1/socket and /v1/changes")
@@ -113,7 +117,7 @@ Exit status: 0 after a clean stop (SIGINT/SIGTERM), 1 when the node fails,
 	f.StringVar(&sf.tlsKey, "tls-key-file", "", "key of --tls-cert-file")
 	f.StringSliceVar(&sf.origins, "allowed-origins", nil, "browser origins, besides the node's own, whose pages may use the node (\"*\" for any); applies only to requests with an Origin header")
 	f.BoolVar(&sf.console, "console", false, "also serve the live console at /console (paste a token, watch topics) and the browser client at /console/walcast.js")
-	f.StringVar(&sf.cfg.State.SourceURL, "database-url", "", "source database for snapshots (\"snapshot\":true subscriptions, GET /v1/snapshot), read with a read-only role; empty: no snapshots")
+	f.StringVar(&sf.cfg.State.SourceURL, "database-url", "", "source database for snapshots (\"snapshot\":true subscriptions, GET /v1/snapshot), read with a read-only role; a hot standby of the source will do (docs/operating.md); empty: no snapshots")
 	f.IntVar(&sf.cfg.State.MaxConcurrent, "max-concurrent-snapshots", syncnode.DefaultMaxConcurrentSnapshots, "reads of the source for snapshots at once on this node (the size of its source connection pool); more wait")
 	f.IntVar(&sf.cfg.State.PerClient, "snapshots-per-client", 0, "snapshots in progress per client address and per token subject, sockets and GET /v1/snapshot together; more wait (0: half of --max-concurrent-snapshots, at least 1)")
 	f.DurationVar(&sf.cfg.State.Timeout, "snapshot-timeout", syncnode.DefaultSnapshotTimeout, "limit of one snapshot, from its start to its snapshot-end, the client's reading included")
@@ -204,7 +208,15 @@ func runSync(ctx context.Context, log *slog.Logger, sf *syncFlags) error {
 	for _, s := range sf.previousSecrets {
 		prev = append(prev, []byte(s))
 	}
+	if sf.journalReadWait < 0 {
+		return usageErrorf("sync: --journal-read-max-wait must not be negative (0: do not wait)")
+	}
+	readWait := sf.journalReadWait
+	if readWait == 0 {
+		readWait = -1 // journal.Config: negative is no wait, 0 the default
+	}
 	j, err := journal.Open(ctx, journal.Config{URL: sf.journalURL, Schema: sf.schema, CallTimeout: sf.journalTimeout,
+		ReadURL: sf.journalReadURL, ReadMaxWait: readWait,
 		CursorSecret: []byte(sf.cursorSecret), PreviousCursorSecrets: prev})
 	if err != nil {
 		return startupError(err)
@@ -260,7 +272,7 @@ func runSync(ctx context.Context, log *slog.Logger, sf *syncFlags) error {
 		log.Info("console enabled", "url", strings.Replace(scheme, "ws", "http", 1)+"://"+ln.Addr().String()+"/console/")
 	}
 	log.Info("walcast sync starting", "version", version, "listen", scheme+"://"+ln.Addr().String()+"/v1/socket",
-		"http", ops.Addr(), "journal_schema", j.Schema(), "subject_prefix", sf.prefix,
+		"http", ops.Addr(), "journal_schema", j.Schema(), "journal_reads_from_standby", j.HasReplica(), "subject_prefix", sf.prefix,
 		"allowed_origins", strings.Join(sf.origins, ","))
 
 	ctx, cancel := context.WithCancel(ctx)

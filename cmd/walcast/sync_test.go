@@ -79,6 +79,8 @@ func TestSyncUsageErrors(t *testing.T) {
 		{[]string{"sync", "--nats-url", "nats://127.0.0.1:1", "--journal-url", "postgres://x", "--cursor-secret", "0123456789abcdef0123"}, "--jwt-secret or --jwt-public-key-file is required"},
 		{[]string{"sync", "--nats-url", "nats://127.0.0.1:1", "--journal-url", "postgres://x", "--cursor-secret", "0123456789abcdef0123",
 			"--jwt-secret", "a", "--jwt-public-key-file", "b"}, "not both"},
+		{[]string{"sync", "--nats-url", "nats://127.0.0.1:1", "--journal-url", "postgres://x", "--cursor-secret", "0123456789abcdef0123",
+			"--jwt-secret", syncJWTSecret, "--journal-read-max-wait", "-1s"}, "--journal-read-max-wait must not be negative"},
 	} {
 		code, _, stderr := walcast(t, nil, tc.args...)
 		if code != exitUsage || !strings.Contains(stderr, tc.want) {

@@ -93,6 +93,7 @@ func (n *Node) serveChanges(w http.ResponseWriter, r *http.Request) {
 		(*h)(r)
 	}
 	res, err := n.j.Changes(r.Context(), q)
+	n.noteReplica()
 	switch {
 	case errors.Is(err, journal.ErrCursorTampered):
 		writeJSONError(w, http.StatusBadRequest, "bad-cursor", "cursor is malformed or not signed by this deployment; read without one")

@@ -60,11 +60,22 @@ func syncCtx(t testing.TB) context.Context {
 // newSyncEnv starts everything; mod adjusts the node's configuration.
 func newSyncEnv(t testing.TB, mod ...func(*Config)) *syncEnv {
 	t.Helper()
+	return newSyncEnvAt(t, pgtest.NewDatabase(t), nil, mod...)
+}
+
+// newSyncEnvAt is newSyncEnv with the journal on url; jmod adjusts the
+// journal's configuration.
+func newSyncEnvAt(t testing.TB, url string, jmod func(*journal.Config), mod ...func(*Config)) *syncEnv {
+	t.Helper()
 	ctx := syncCtx(t)
 	e := &syncEnv{t: t, lsn: 0x1000000}
 	var err error
-	e.url = pgtest.NewDatabase(t)
-	e.j, err = journal.Open(ctx, journal.Config{URL: e.url, CursorSecret: syncTestSecret})
+	e.url = url
+	jcfg := journal.Config{URL: e.url, CursorSecret: syncTestSecret}
+	if jmod != nil {
+		jmod(&jcfg)
+	}
+	e.j, err = journal.Open(ctx, jcfg)
 	if err != nil {
 		t.Fatal(err)
 	}

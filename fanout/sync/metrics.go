@@ -7,6 +7,8 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/walcast/walcast/journal"
 )
 
 // syncStats are the sync node's counters. The hot path only adds to atomics;
@@ -34,6 +36,9 @@ type syncStats struct {
 	// queuedBytes is the bytes queued on every socket (the sum of their
 	// queued), for the node's memory bound.
 	queuedBytes atomic.Int64
+	// replicaFallbacks is the journal's standby fallbacks last logged
+	// (noteReplica).
+	replicaFallbacks atomic.Int64
 	// snapshotDuration records, per snapshot that read, from its start
 	// (slot taken) to its end; nil without a Meter. Set once in Open.
 	snapshotDuration metric.Float64Histogram
@@ -80,6 +85,10 @@ type Stats struct {
 	// queued on sockets and spooled in memory.
 	SnapshotReads, SnapshotsShared int64
 	SpoolBytes, MemoryBytes        int64
+	// JournalStandby counts the journal reads meant for the standby of
+	// --journal-read-url: made there, waited for, made on the journal's
+	// server instead (journal.ReplicaStats); zero without one.
+	JournalStandby journal.ReplicaStats
 }
 
 // Stats returns a snapshot of the node's counters.
@@ -98,6 +107,9 @@ func (n *Node) Stats() Stats {
 		out.SnapshotReads, out.SnapshotsShared = n.state.reads.Load(), n.state.shared.Load()
 		out.SpoolBytes = n.state.spooled.Load()
 		out.MemoryBytes += n.state.memory.Load()
+	}
+	if rs, ok := n.j.ReplicaStats(); ok {
+		out.JournalStandby = rs
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -212,6 +224,21 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 	if err != nil {
 		return nil, err
 	}
+	standbyReads, err := meter.Int64ObservableCounter("walcast.sync.journal.standby_reads",
+		metric.WithDescription("journal reads made on the standby of --journal-read-url"))
+	if err != nil {
+		return nil, err
+	}
+	standbyWaits, err := meter.Int64ObservableCounter("walcast.sync.journal.standby_waits",
+		metric.WithDescription("journal reads that found the standby of --journal-read-url behind a seq they must see and waited for it (up to --journal-read-max-wait)"))
+	if err != nil {
+		return nil, err
+	}
+	standbyFallbacks, err := meter.Int64ObservableCounter("walcast.sync.journal.standby_fallbacks",
+		metric.WithDescription("journal reads meant for the standby of --journal-read-url made on --journal-url instead, by reason: behind (not replayed within --journal-read-max-wait), epoch (a cursor of another epoch), error (the standby failed the read)"))
+	if err != nil {
+		return nil, err
+	}
 	if n.stats.snapshotDuration, err = meter.Float64Histogram("walcast.sync.snapshot.duration", metric.WithUnit("s"),
 		metric.WithDescription("snapshot length, from taking its slot to its end, whatever the outcome"),
 		metric.WithExplicitBucketBoundaries(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600)); err != nil {
@@ -247,7 +274,39 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 		o.ObserveInt64(snapShared, s.SnapshotsShared)
 		o.ObserveInt64(spoolBytes, s.SpoolBytes)
 		o.ObserveInt64(memBytes, s.MemoryBytes)
+		if n.j.HasReplica() {
+			o.ObserveInt64(standbyReads, s.JournalStandby.Reads)
+			o.ObserveInt64(standbyWaits, s.JournalStandby.Waits)
+			for _, k := range journal.FallbackReasons {
+				o.ObserveInt64(standbyFallbacks, s.JournalStandby.Fallbacks[k], metric.WithAttributes(attribute.String("reason", k)))
+			}
+		}
 		return nil
-	}, open, sent, dropped, gaps, received, closed, rejected, repairs, epochs, snapshots, snapRows, snapUnknown, snapRunning, snapQueued,
+	}, standbyReads, standbyWaits, standbyFallbacks, open, sent, dropped, gaps, received, closed, rejected, repairs, epochs, snapshots, snapRows, snapUnknown, snapRunning, snapQueued,
 		snapReads, snapShared, spoolBytes, memBytes)
+}
+
+// noteReplica logs, once per minute at most, that journal reads meant for
+// the standby of --journal-read-url were made on the journal's server,
+// with why and what to do. Called after the reads that serve clients.
+func (n *Node) noteReplica() {
+	rs, ok := n.j.ReplicaStats()
+	if !ok {
+		return
+	}
+	var total int64
+	for _, v := range rs.Fallbacks {
+		total += v
+	}
+	if prev := n.stats.replicaFallbacks.Swap(total); total <= prev {
+		return
+	}
+	args := []any{"behind", rs.Fallbacks[journal.FallbackBehind], "epoch", rs.Fallbacks[journal.FallbackEpoch], "error", rs.Fallbacks[journal.FallbackError]}
+	if rs.LastError != nil {
+		args = append(args, "last_error", rs.LastError)
+	}
+	n.warnEvery("journal-standby", "journal reads meant for the standby (--journal-read-url) were made on the journal's server (--journal-url) instead: "+
+		"the standby had not replayed entries clients were owed within --journal-read-max-wait (behind), or failed the read (error); "+
+		"check the standby's replay lag (pg_stat_replication.replay_lag on the journal's server) and its log, or raise --journal-read-max-wait; "+
+		"metric walcast.sync.journal.standby_fallbacks counts them", args...)
 }

@@ -653,7 +653,7 @@ type syncTopic struct {
 	members       map[*member]struct{}
 	baselined     bool      // lastEntitySeq is known
 	lastEntitySeq int64     // newest entitySeq received (or journaled at creation)
-	lastSeen      int64     // newest seq received for the entity
+	lastSeen      int64     // newest seq received for the entity, or the journal horizon at the baseline if newer
 	lost          lostCheck // entries the journal holds and the topic never received (position.go)
 	gone          bool      // unsubscribed; a joiner must create a new topic
 	burst         liveBurst // sockets whose writers wait for the end of a burst (socket.go)
@@ -730,14 +730,19 @@ func (n *Node) join(ctx context.Context, m *member) (*syncTopic, error) {
 			t.members[m] = struct{}{}
 			n.mu.Unlock()
 			// Live first: the server has the subscription before any read.
-			var last int64
+			var last, horizon int64
 			err = n.nc.FlushTimeout(5 * time.Second)
 			if err == nil {
-				last, err = n.j.LastEntitySeq(ctx, m.topic)
+				last, horizon, err = n.j.EntityBaseline(ctx, m.topic)
 			}
 			t.mu.Lock()
 			if err == nil && !t.baselined {
 				t.baselined, t.lastEntitySeq = true, last
+				// Changes journaled up to horizon may have been
+				// published before the subscription: the catch-ups
+				// read at least that far (a standby journal may not
+				// have replayed them yet).
+				t.lastSeen = max(t.lastSeen, horizon)
 			}
 			t.err = err
 			t.mu.Unlock()

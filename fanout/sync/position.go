@@ -117,15 +117,20 @@ func (n *Node) advanceTo(e, seq int64) {
 		entities[i] = t.entity
 	}
 	ctx, cancel := context.WithTimeout(n.ctx, 10*time.Second)
-	horizon, last, err := n.j.EntityProgress(ctx, entities)
+	horizon, je, last, err := n.j.EntityProgress(ctx, e, entities)
 	cancel()
 	if err != nil {
 		n.warnEvery("position", "cannot read the journal to apply the publisher's position; positions stay", "err", err)
 		return
 	}
-	if n.epoch.Load() != e {
+	if je != e || n.epoch.Load() != e {
 		return
 	}
+	// What EntityProgress read is true up to its horizon, which on a
+	// standby journal (--journal-read-url) may lag the publisher: a topic
+	// that has every change the standby holds has every change up to that
+	// horizon, not necessarily up to seq.
+	seq = min(seq, horizon)
 	moved := int64(0)
 	for _, t := range topics {
 		released := false

@@ -57,7 +57,8 @@ type readPage struct {
 }
 
 // read returns the page after from in q's scope, joining a read already in
-// flight for the same place. The read runs on its own context under the
+// flight for the same place (whose q.AtLeast may be lower than this
+// caller's: the caller then reads again from where that page ended). The read runs on its own context under the
 // node's, so one socket leaving does not fail the others, and it is
 // canceled when the last socket waiting for it leaves (a client that
 // disconnects costs no further journal time).
@@ -122,6 +123,7 @@ func (r *sharedReads) do(ctx context.Context, q journal.Query, epoch, from int64
 		return readPage{}, err
 	}
 	res, err := j.Changes(ctx, q)
+	r.n.noteReplica()
 	if err != nil {
 		return readPage{}, err
 	}

@@ -683,11 +683,13 @@ func (n *Node) currentHorizon(ctx context.Context, q journal.Query) (int64, erro
 	if n.horizonKnown.Load() {
 		return n.horizon.Load(), nil
 	}
-	c, err := n.j.HorizonCursor(ctx, q)
+	// From the journal's server, as the horizon the node follows is (a
+	// standby journal's could be of an epoch the node has left).
+	st, err := n.j.State(ctx)
 	if err != nil {
 		return 0, err
 	}
-	return n.j.CursorPosition(c)
+	return st.Horizon, nil
 }
 
 // maxCatchUpPages bounds the journal pages one socket holds at once.
@@ -789,7 +791,11 @@ func (s *socket) catchUp(ctx context.Context, m *member) {
 			t.mu.Unlock()
 			return
 		}
-		from, epoch := m.pos, m.epoch
+		// need: a seq the topic has received live, so the journal holds
+		// it; a read from a standby journal that has not replayed it
+		// waits for it or is made on the journal's server, so a lagging
+		// standby never ends the catch-up short of it.
+		from, epoch, need := m.pos, m.epoch, t.lastSeen
 		if limit := n.cfg.MaxReplayEntries; limit > 0 && n.horizonKnown.Load() && epoch == n.epoch.Load() {
 			if h := n.horizon.Load(); h-from > limit {
 				n.stats.inc(&n.stats.repairs, "replay-too-far")
@@ -813,7 +819,9 @@ func (s *socket) catchUp(ctx context.Context, m *member) {
 			s.catchUps.release()
 			return
 		}
-		page, err := n.reads.read(ctx, m.q, epoch, from)
+		q := m.q
+		q.AtLeast = need
+		page, err := n.reads.read(ctx, q, epoch, from)
 		charged()
 		if err != nil {
 			s.catchUps.release()

@@ -462,40 +462,11 @@ func (n *Node) fill(ctx context.Context, sp *spool, q journal.Query) {
 func (n *Node) readInto(ctx context.Context, conn *pgx.Conn, sp *spool, q journal.Query, h0 int64, headSet *bool) error {
 	st := n.state
 	schema, table, _ := decoder.SplitEntity(q.Entities[0])
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	tx, snap, walAt, at, err := beginSnapshot(ctx, conn, pgx.Identifier{schema, table}.Sanitize())
 	if err != nil {
-		return fmt.Errorf("source database: %w", err)
+		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	// The table is locked (ACCESS SHARE, what the SELECT takes anyway)
-	// before the snapshot is fixed, LOCK being a statement that takes
-	// none: TRUNCATE is not MVCC-safe, so one committing between S and
-	// the read would leave the rows empty though S predates it (the
-	// changes then no longer rebuild the table as of the snapshot-end).
-	// Held from before S, the lock makes such a TRUNCATE wait for the
-	// rows, or S wait for it. The session's lock_timeout bounds the wait.
-	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{schema, table}.Sanitize()+" IN ACCESS SHARE MODE"); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
-			return errLockBusy
-		}
-		return err
-	}
-	// The first statement that takes a snapshot fixes the transaction's:
-	// S is the snapshot every row below is read in.
-	var snapText, lsnText string
-	var at time.Time
-	if err := tx.QueryRow(ctx, "SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text, now()").Scan(&snapText, &lsnText, &at); err != nil {
-		return fmt.Errorf("source snapshot: %w", err)
-	}
-	snap, err := parseSnapshot(snapText)
-	if err != nil {
-		return err
-	}
-	var walAt decoder.LSN
-	if err := walAt.UnmarshalText([]byte(lsnText)); err != nil {
-		return fmt.Errorf("source WAL position %q: %w", lsnText, err)
-	}
 	t, err := st.loadStateTable(ctx, tx, schema, table, q.Tenant)
 	if err != nil {
 		return err
@@ -548,6 +519,94 @@ func (n *Node) readInto(ctx context.Context, conn *pgx.Conn, sp *spool, q journa
 		return fmt.Errorf("source database: %w", err)
 	}
 	return nil
+}
+
+// standbyAttempts bounds how often beginSnapshot takes a standby's
+// snapshot again because replay moved while it was taken.
+const standbyAttempts = 50
+
+// beginSnapshot opens the read's transaction: the table's ACCESS SHARE
+// lock, then S and L (see the top of this file). On a hot standby
+// (xids.go has why it differs) there is no WAL insert position: S comes
+// with the replay position R read just before the transaction (no
+// statement of the transaction may run before S is fixed) and, as L, the
+// received position read with S; S is taken again, up to
+// standbyAttempts times, until the replay position read with it equals
+// R, so that no commit replayed between the two is left in doubt.
+// errLockBusy: the lock was not granted in lockTimeout and nothing was
+// read.
+func beginSnapshot(ctx context.Context, conn *pgx.Conn, table string) (tx pgx.Tx, snap pgSnapshot, walAt decoder.LSN, at time.Time, err error) {
+	for attempt := 1; ; attempt++ {
+		var preRecovery bool
+		var preReplay *string
+		if err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text").Scan(&preRecovery, &preReplay); err != nil {
+			return nil, pgSnapshot{}, 0, time.Time{}, fmt.Errorf("source database: %w", err)
+		}
+		tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+		if err != nil {
+			return nil, pgSnapshot{}, 0, time.Time{}, fmt.Errorf("source database: %w", err)
+		}
+		fail := func(err error) (pgx.Tx, pgSnapshot, decoder.LSN, time.Time, error) {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return nil, pgSnapshot{}, 0, time.Time{}, err
+		}
+		// The table is locked (ACCESS SHARE, what the SELECT takes anyway)
+		// before the snapshot is fixed, LOCK being a statement that takes
+		// none: TRUNCATE is not MVCC-safe, so one committing between S and
+		// the read would leave the rows empty though S predates it (the
+		// changes then no longer rebuild the table as of the snapshot-end).
+		// Held from before S, the lock makes such a TRUNCATE wait for the
+		// rows, or S wait for it. The session's lock_timeout bounds the
+		// wait. (On a standby the TRUNCATE's lock is replayed: replay waits
+		// for the read, up to max_standby_streaming_delay.)
+		if _, err := tx.Exec(ctx, "LOCK TABLE "+table+" IN ACCESS SHARE MODE"); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+				return fail(errLockBusy)
+			}
+			return fail(err)
+		}
+		// The first statement that takes a snapshot fixes the
+		// transaction's: S is the snapshot every row below is read in.
+		var snapText, lsnText string
+		var recovery bool
+		var postReplay *string
+		if err := tx.QueryRow(ctx, `SELECT pg_current_snapshot()::text, r,
+			(CASE WHEN r THEN coalesce(greatest(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()), pg_last_wal_replay_lsn()) ELSE pg_current_wal_insert_lsn() END)::text,
+			pg_last_wal_replay_lsn()::text, now()
+			FROM (SELECT pg_is_in_recovery() AS r) x`).Scan(&snapText, &recovery, &lsnText, &postReplay, &at); err != nil {
+			return fail(fmt.Errorf("source snapshot: %w", err))
+		}
+		if recovery != preRecovery {
+			// Promoted between the two: which rules S follows is unknown.
+			if attempt < standbyAttempts {
+				_ = tx.Rollback(context.WithoutCancel(ctx))
+				continue
+			}
+			return fail(errors.New("the source database was promoted while the snapshot was taken"))
+		}
+		snap, err := parseSnapshot(snapText)
+		if err != nil {
+			return fail(err)
+		}
+		if err := walAt.UnmarshalText([]byte(lsnText)); err != nil {
+			return fail(fmt.Errorf("source WAL position %q: %w", lsnText, err))
+		}
+		if recovery {
+			if preReplay == nil || postReplay == nil {
+				return fail(errors.New("the source standby reports no replay position"))
+			}
+			if *preReplay != *postReplay && attempt < standbyAttempts {
+				_ = tx.Rollback(context.WithoutCancel(ctx))
+				continue
+			}
+			snap.standby = true
+			if err := snap.replayed.UnmarshalText([]byte(*preReplay)); err != nil {
+				return fail(fmt.Errorf("source replay position %q: %w", *preReplay, err))
+			}
+		}
+		return tx, snap, walAt, at, nil
+	}
 }
 
 // rowVisible is DESIGN §5's tenancy rule for one row.
@@ -603,52 +662,74 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 	}
 	passed := false     // an entry committed after walAt was read: every later one is invisible in snap
 	asked := time.Now() // a busy source covers walAt by itself within a second
+	var waited int64    // the journal server's horizon the last wait returned
 	for {
-		// Whether everything committed up to walAt is journaled, checked
-		// before the read that then covers it.
+		// Whether everything committed up to walAt is journaled. The
+		// journal's own watermark is checked in the read itself (below);
+		// the slot and the replicator vouch for the journal's server,
+		// whose horizon the reads must then reach (a standby journal,
+		// --journal-read-url, may not have replayed it yet).
 		covered := passed
-		if !covered {
-			if wm, err := j.Watermark(ctx); err == nil && wm >= walAt {
-				covered = true
-			} else if slot != "" {
-				var confirmed *string
-				qctx, cancel := context.WithTimeout(ctx, time.Second) // a pool busy with reads: ask again later
-				err := n.state.pool.QueryRow(qctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&confirmed)
-				cancel()
-				if err == nil && confirmed != nil {
-					var c decoder.LSN
-					if c.UnmarshalText([]byte(*confirmed)) == nil && c >= walAt {
-						covered = true
-					}
+		// A standby journal is read at least as far as the server held
+		// when the last wait returned: a standby behind it would
+		// otherwise answer short at once, and the loop spin on it.
+		atLeast := waited
+		if !covered && slot != "" {
+			var confirmed *string
+			qctx, cancel := context.WithTimeout(ctx, time.Second) // a pool busy with reads: ask again later
+			err := n.state.pool.QueryRow(qctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&confirmed)
+			cancel()
+			if err == nil && confirmed != nil {
+				var c decoder.LSN
+				if c.UnmarshalText([]byte(*confirmed)) == nil && c >= walAt {
+					covered = true
 				}
 			}
-			if !covered && time.Since(asked) >= time.Second {
-				// An idle source may not move the watermark for long:
-				// ask the replicator, which knows without writing.
-				asked = time.Now()
-				covered = n.askCovered(ctx, walAt)
+		}
+		if !covered && time.Since(asked) >= time.Second {
+			// An idle source may not move the watermark for long:
+			// ask the replicator, which knows without writing.
+			asked = time.Now()
+			covered = n.askCovered(ctx, walAt)
+		}
+		if covered && !passed {
+			// Covered on the journal's server: read at least as far as
+			// it holds now.
+			st, err := j.State(ctx)
+			if err != nil {
+				return 0, fmt.Errorf("journal read: %w", err)
 			}
+			atLeast = max(atLeast, st.Horizon)
 		}
 		for {
 			cq := q
 			cq.MaxBytes = n.catchUpPageBytes()
+			cq.AtLeast = atLeast
 			var err error
 			if cq.Cursor, err = j.CursorAt(q, epoch, pos); err != nil {
 				return 0, err
 			}
 			res, err := j.Changes(ctx, cq)
+			n.noteReplica()
 			if err != nil {
 				return 0, fmt.Errorf("journal read: %w", err)
 			}
 			if res.ResyncRequired {
-				if pos < h0 && (res.Reason == journal.ResyncPruned || res.Reason == journal.ResyncEntry || res.Reason == journal.ResyncEpoch) {
+				if pos < h0 && !snap.standby && (res.Reason == journal.ResyncPruned || res.Reason == journal.ResyncEntry || res.Reason == journal.ResyncEpoch) {
 					// The look-back reached below the retained floor, or
 					// behind a resync entry (a slot recreated, a new epoch)
 					// that H0 is past: what lies before it is another
 					// history. Restarting would meet it again every time
 					// (and fail the subscription after three); go on from H0.
+					// (Not from a standby's snapshot: its catch-up starts
+					// exactly at the first entry it did not see, and
+					// skipping to H0 would lose what lies between.)
 					pos = h0
 					continue
+				}
+				if snap.standby && res.Reason == journal.ResyncPruned {
+					return 0, refused("the journal pruned changes the snapshot source (--database-url, a hot standby) had not replayed yet; " +
+						"the operator should check the standby's replay lag; subscribe again")
 				}
 				return 0, errSnapshotRestart
 			}
@@ -657,15 +738,14 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 			}
 			for _, e := range res.Changes {
 				var head struct {
-					Xid       uint32      `json:"xid"`
-					CommitLSN decoder.LSN `json:"commitLsn"`
+					Xid uint32 `json:"xid"`
 				}
 				if err := json.Unmarshal(e.Envelope, &head); err != nil {
 					return 0, fmt.Errorf("journal entry %d: %w", e.Seq, err)
 				}
-				if head.CommitLSN > walAt {
+				if snap.past(e, walAt) {
 					passed = true
-				} else if snap.sees(e, head.Xid) {
+				} else if !passed && snap.sees(e, head.Xid) {
 					continue // in the rows already
 				}
 				p := make([]byte, 0, len(e.Envelope)+len(tq)+28)
@@ -682,6 +762,9 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 				return 0, err
 			}
 			if !res.More {
+				// Caught up with this read: its watermark says whether
+				// everything committed up to walAt is at or below it.
+				covered = covered || res.Watermark >= walAt
 				break
 			}
 		}
@@ -692,7 +775,9 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 		// a moment, for the replicator to confirm an idle source's
 		// position).
 		wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-		_, _ = j.Wait(wctx, pos)
+		if h, err := j.Wait(wctx, pos); err == nil && h > pos {
+			waited = h
+		}
 		cancel()
 		if ctx.Err() != nil {
 			return 0, ctx.Err()

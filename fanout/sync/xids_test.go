@@ -1,9 +1,12 @@
 package sync
 
 import (
+	"errors"
 	"strconv"
+	"strings"
 	"testing"
 
+	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/internal/pgtest"
 	"github.com/walcast/walcast/journal"
 )
@@ -123,4 +126,71 @@ func TestCatchUpStartAgedEntries(t *testing.T) {
 	check("without its full xid, in xip by its 32 bits", held-1)
 	setXid(held, held+99, snap.xmin-100, true)
 	check("without its full xid, 100 before xmin", h0-snapshotLookback)
+}
+
+// On a standby, visibility follows the replay position read before the
+// snapshot, not the (empty) in-progress list: a commit replayed by then
+// is in the rows, one after it is not unless its xid is below xmin, and
+// an entry past the received position or at or past xmax ends the
+// filtering.
+func TestStandbySnapshotVisibility(t *testing.T) {
+	snap := pgSnapshot{xmin: 100, xmax: 200, xip: map[uint64]struct{}{}, standby: true, replayed: 0x5000}
+	walAt := decoder.LSN(0x6000) // received
+	for _, tc := range []struct {
+		name       string
+		e          journal.Entry
+		sees, past bool
+	}{
+		{"replayed before the snapshot", journal.Entry{CommitLSN: 0x5000, Xid8: 150, HasXid8: true}, true, false},
+		{"replayed after, xid below xmax (the primary's rule would call it visible)", journal.Entry{CommitLSN: 0x5001, Xid8: 150, HasXid8: true}, false, false},
+		{"xid below xmin: completed before the snapshot", journal.Entry{CommitLSN: 0x5800, Xid8: 99, HasXid8: true}, true, false},
+		{"xid at xmax", journal.Entry{CommitLSN: 0x5800, Xid8: 200, HasXid8: true}, false, true},
+		{"past the received position", journal.Entry{CommitLSN: 0x6001, Xid8: 150, HasXid8: true}, false, true},
+		{"no full xid: the replay position alone", journal.Entry{CommitLSN: 0x4000}, true, false},
+		{"no transaction (a message) after the replay position", journal.Entry{CommitLSN: 0x5500, HasXid8: true}, false, false},
+	} {
+		if got := snap.sees(tc.e, uint32(tc.e.Xid8)); got != tc.sees {
+			t.Errorf("%s: sees %v, want %v", tc.name, got, tc.sees)
+		}
+		if got := snap.past(tc.e, walAt); got != tc.past {
+			t.Errorf("%s: past %v, want %v", tc.name, got, tc.past)
+		}
+	}
+}
+
+// A standby snapshot's catch-up starts just before the first entry past
+// the replay position, however far back; a standby behind everything the
+// journal retains is refused, not joined with a hole.
+func TestStandbyCatchUpStart(t *testing.T) {
+	e := newSyncEnv(t)
+	ctx := syncCtx(t)
+	var es []journal.Entry
+	for i := range 10 {
+		es = append(es, e.appendRows(ins(orders, i+1))...)
+	}
+	h0 := es[9].Seq
+	snap := pgSnapshot{xmax: 1 << 40, xip: map[uint64]struct{}{}, standby: true}
+	for _, tc := range []struct {
+		name     string
+		replayed decoder.LSN
+		want     int64
+	}{
+		{"caught up", es[9].CommitLSN, h0},
+		{"three behind", es[6].CommitLSN, es[6].Seq},
+		{"behind all but the first", es[0].CommitLSN, es[0].Seq},
+		{"behind everything of a journal that pruned nothing", es[0].CommitLSN - 1, es[0].Seq - 1},
+	} {
+		snap.replayed = tc.replayed
+		if got, err := catchUpStart(ctx, e.j, h0, snap); err != nil || got != tc.want {
+			t.Errorf("%s: start %d (%v), want %d", tc.name, got, err, tc.want)
+		}
+	}
+	if _, err := e.j.Prune(ctx, journal.Retention{MaxRows: 5}); err != nil {
+		t.Fatal(err)
+	}
+	snap.replayed = es[2].CommitLSN // its next entries are pruned
+	var ref *errSnapshotRefused
+	if _, err := catchUpStart(ctx, e.j, h0, snap); !errors.As(err, &ref) || !strings.Contains(err.Error(), "replay lag") {
+		t.Fatalf("a standby behind the retained floor: %v, want a refusal naming the replay lag", err)
+	}
 }

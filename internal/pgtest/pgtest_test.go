@@ -3,6 +3,7 @@ package pgtest
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -149,5 +150,51 @@ func TestSetNextXid(t *testing.T) {
 	}
 	if err := c.SetNextXid(2); err == nil {
 		t.Fatal("SetNextXid accepted xid 2, a special transaction id")
+	}
+}
+
+// A standby replays the primary's writes, refuses its own, and holds still
+// while its replay is paused until it is resumed.
+func TestStandbyReplaysAndPauses(t *testing.T) {
+	ctx := context.Background()
+	p := Start(t, Options{})
+	url := p.NewDatabase(t)
+	MustExec(t, url, "CREATE TABLE k (v int)", "INSERT INTO k VALUES (1)")
+	s := p.StartStandby(t)
+	surl := s.URL(url[strings.LastIndex(url, "/")+1 : strings.Index(url, "?")])
+	count := func() int {
+		t.Helper()
+		var n int
+		MustQueryRow(t, surl, "SELECT count(*) FROM k", nil, &n)
+		return n
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("standby rows after start: %d, want 1", n)
+	}
+	if err := s.Exec(ctx, "postgres", "CREATE TABLE w (v int)"); err == nil {
+		t.Fatal("the standby accepted a write")
+	}
+	if err := s.PauseReplay(ctx); err != nil {
+		t.Fatal(err)
+	}
+	MustExec(t, url, "INSERT INTO k VALUES (2)")
+	time.Sleep(200 * time.Millisecond)
+	if n := count(); n != 1 {
+		t.Fatalf("standby rows while paused: %d, want 1", n)
+	}
+	if err := s.ResumeReplay(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CatchUp(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 2 {
+		t.Fatalf("standby rows after resume: %d, want 2", n)
+	}
+	if lsn, err := s.ReplayLSN(ctx); err != nil || lsn == "" {
+		t.Fatalf("ReplayLSN: %q %v", lsn, err)
+	}
+	if _, err := p.ReplayLSN(ctx); err == nil {
+		t.Fatal("ReplayLSN on the primary did not fail")
 	}
 }
