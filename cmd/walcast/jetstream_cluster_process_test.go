@@ -260,7 +260,9 @@ func promValue(t *testing.T, body, name string) float64 {
 
 // rawSocket is a raw WebSocket client of public.items that records every
 // change frame as delivered — no deduplication, unlike fanout/client — and
-// answers a replay-gap by subscribing again from its last cursor.
+// answers a replay-gap by subscribing again from its last cursor, dropping
+// the changes of a transaction it was given only in part (they come again
+// from that cursor, the transaction's start).
 type rawSocket struct {
 	t    *testing.T
 	name string
@@ -269,6 +271,7 @@ type rawSocket struct {
 
 	mu     sync.Mutex // guards the following fields
 	seqs   []int64
+	ended  int // len(seqs) at the last transaction end
 	cursor string
 	gaps   int
 	bad    []string
@@ -314,6 +317,7 @@ func (c *rawSocket) read(done chan struct{}) {
 			T       string          `json:"t"`
 			Topic   string          `json:"topic"`
 			Cursor  string          `json:"cursor"`
+			End     bool            `json:"end"`
 			Change  json.RawMessage `json:"change"`
 			Code    string          `json:"code"`
 			Message string          `json:"message"`
@@ -345,9 +349,12 @@ func (c *rawSocket) read(done chan struct{}) {
 				break
 			}
 			c.seqs = append(c.seqs, env.Seq)
-			c.cursor = f.Cursor
+			if f.End {
+				c.cursor, c.ended = f.Cursor, len(c.seqs)
+			}
 		case "replay-gap":
 			c.gaps++
+			c.seqs = c.seqs[:c.ended]
 			cur := c.cursor
 			if cur == "" {
 				cur = f.Cursor
