@@ -150,7 +150,14 @@ func TestEventsStream(t *testing.T) {
 		if ev.data.env.Seq != want.Seq || ev.id != ev.data.Cursor || ev.data.Topic != orders {
 			t.Fatalf("change %d: seq %d id %q cursor %q, want seq %d", i, ev.data.env.Seq, ev.id, ev.data.Cursor, want.Seq)
 		}
-		last = ev.id
+		// One transaction: only its last change has an id (a cursor)
+		// and "end":true, so Last-Event-ID is always a boundary.
+		if end := i == len(es)-1; ev.data.End != end || (ev.id != "") != end {
+			t.Fatalf("change %d of a transaction of %d: end %v, id %q", i, len(es), ev.data.End, ev.id)
+		}
+		if ev.id != "" {
+			last = ev.id
+		}
 	}
 	// Heartbeats: the stream pings its socket every IdleTimeout/3 and
 	// outlives the idle timeout.
