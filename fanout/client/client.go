@@ -626,6 +626,9 @@ func (c *Client) session(conn *websocket.Conn) error {
 				break
 			}
 			st.cursor, st.endSeq = f.Cursor, seq.Seq
+			if len(st.txn)+1 > c.opts.MaxTxnChanges || st.txnBytes+len(f.Change) > c.opts.MaxTxnBytes {
+				st.txnOver = true // the end makes it too large
+			}
 			if st.txnOver {
 				st.txn, st.txnBytes, st.txnOver = nil, 0, false
 				ev = &Event{Type: EventResync, Topic: f.Topic, Cursor: f.Cursor, Reason: ReasonTxnTooLarge}

@@ -430,3 +430,42 @@ func TestChangesHTTPWholeTransactions(t *testing.T) {
 		t.Fatalf("cursor after the transaction at %d (%v), want %d", pos, err, big[len(big)-1].Seq)
 	}
 }
+
+// TestClientTransactionBound: the Go client returns a transaction's
+// changes only together, at its end, and one over MaxTxnChanges not at
+// all: its end comes back as an EventResync (ReasonTxnTooLarge) with the
+// cursor after it, and the stream goes on.
+func TestClientTransactionBound(t *testing.T) {
+	e := newSyncEnv(t)
+	c := e.client(token(t, []string{orders}, "", time.Hour), client.Options{MaxTxnChanges: 3})
+	if err := c.Subscribe(orders, ""); err != nil {
+		t.Fatal(err)
+	}
+	e.topicLive(orders, 1)
+	small := e.commit(ins(orders, 1), ins(orders, 2), ins(orders, 3))
+	e.commit(ins(orders, 4), ins(orders, 5), ins(orders, 6), ins(orders, 7))
+	last := e.commit(ins(orders, 8))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var got []string
+	for len(got) < 5 {
+		ev, err := c.Next(ctx)
+		if err != nil {
+			t.Fatalf("after %v: %v", got, err)
+		}
+		switch ev.Type {
+		case client.EventChange:
+			got = append(got, fmt.Sprintf("change %d %v", ev.Seq, ev.End))
+		case client.EventResync:
+			got = append(got, "resync "+ev.Reason)
+			if pos, err := e.j.CursorPosition(ev.Cursor); err != nil || pos != last[0].Seq-1 {
+				t.Fatalf("resync cursor at %d (%v), want after the large transaction, %d", pos, err, last[0].Seq-1)
+			}
+		}
+	}
+	want := []string{fmt.Sprintf("change %d false", small[0].Seq), fmt.Sprintf("change %d false", small[1].Seq),
+		fmt.Sprintf("change %d true", small[2].Seq), "resync " + client.ReasonTxnTooLarge}
+	if !slices.Equal(got[:4], want) || got[4] != fmt.Sprintf("change %d true", last[0].Seq) {
+		t.Fatalf("got %v, want %v then the last change", got, want)
+	}
+}

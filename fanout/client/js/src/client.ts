@@ -724,6 +724,7 @@ export class Client {
           return;
         }
         if (seq !== undefined) st.endSeq = seq;
+        if (st.txn.length + 1 > (this.opts.maxTxnChanges ?? 100_000)) st.txnOver = true; // the end makes it too large
         if (st.txnOver) {
           // Too large to hold whole: never delivered in part. The topic is
           // read again after it, as after a resync.
