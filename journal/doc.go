@@ -80,7 +80,9 @@
 //   - read.go, cursor.go, where.go: reads by cursor with entity and tenant
 //     filters; publishapi.go: the publisher's read by seq; syncapi.go and
 //     xids.go: what sync nodes read besides changes; recent.go: the
-//     in-memory tail of this process's own appends; notify.go: LISTEN.
+//     in-memory tail of this process's own appends; notify.go: LISTEN;
+//     txn.go: where a transaction ends within a reader's scope
+//     (Entry.TxnEnd, TxnRest).
 //   - tenant.go, keycache.go: the tenant of a key's newest change.
 //   - retention.go: pruning; snapshot.go, snapshot_tables.go: snapshot
 //     requests and progress, and the publication's recorded tables (all
