@@ -73,3 +73,38 @@ func TestTxnEndsByScope(t *testing.T) {
 		t.Fatalf("TxnRest %v, want %v", rest, want)
 	}
 }
+
+// TestTxnEndPastTheScanWindow: a filtered read scans a bounded window; an
+// entry whose transaction goes on past it, with another entry of the
+// scope beyond the window, is not its transaction's end.
+func TestTxnEndPastTheScanWindow(t *testing.T) {
+	j, gen, _ := newJournal(t)
+	const ent = "public.orders"
+	a := func(id int) chg {
+		return chg{entity: ent, op: decoder.OpInsert, key: fmt.Sprintf(`{"id":%d}`, id), tenant: "A", state: decoder.TenantKnown}
+	}
+	chs := []chg{a(1)}
+	for i := range int(scanWindow(1)) + 10 {
+		chs = append(chs, chg{entity: "public.other", op: decoder.OpInsert, key: fmt.Sprintf(`{"id":%d}`, i)})
+	}
+	chs = append(chs, a(2))
+	mustAppend(t, j, gen, mkTx(1, 100000, testEpoch, chs...))
+	q := Query{Entities: []string{ent}, Tenant: "A", FromOldest: true, Limit: 1}
+	var ends []bool
+	for range 10 {
+		res, err := j.Changes(context.Background(), q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range res.Changes {
+			ends = append(ends, e.TxnEnd)
+		}
+		if !res.More {
+			break
+		}
+		q.Cursor, q.FromOldest = res.Cursor, false
+	}
+	if fmt.Sprint(ends) != "[false true]" {
+		t.Fatalf("ends %v, want [false true]", ends)
+	}
+}
