@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/fanout/bus"
 	"github.com/walcast/walcast/fanout/client"
 	"github.com/walcast/walcast/internal/pgtest"
 	"github.com/walcast/walcast/journal"
@@ -467,5 +468,45 @@ func TestClientTransactionBound(t *testing.T) {
 		fmt.Sprintf("change %d true", small[2].Seq), "resync " + client.ReasonTxnTooLarge}
 	if !slices.Equal(got[:4], want) || got[4] != fmt.Sprintf("change %d true", last[0].Seq) {
 		t.Fatalf("got %v, want %v then the last change", got, want)
+	}
+}
+
+// TestNoPositionInsideATransaction: while a client holds part of a
+// transaction, a publisher position does not move its cursor and no
+// position frame is sent; the transaction's last change brings the cursor.
+func TestNoPositionInsideATransaction(t *testing.T) {
+	e := newSyncEnv(t)
+	c := e.mustDial(token(t, []string{orders}, "", time.Hour))
+	c.sub(orders, "")
+	c.expect("subscribed")
+	e.topicLive(orders, 1)
+	es := e.appendRows(ins(orders, 1), ins(orders, 2), ins(orders, 3))
+	for _, en := range es[:2] {
+		if err := e.pub.PublishMsg(publishedMsg("walcast", e.j.ID(), en)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.position(es[1].Seq)
+	if f := c.expect("change"); f.env.Seq != es[0].Seq || f.End || f.Cursor != "" {
+		t.Fatalf("first change: %+v", f)
+	}
+	time.Sleep(200 * time.Millisecond) // the position is applied off the NATS callback
+	// Position frames follow a pong: a second pong right after the first
+	// says none was sent.
+	c.send(map[string]string{"t": "ping"})
+	c.expect("pong")
+	c.send(map[string]string{"t": "ping"})
+	c.expect("pong")
+	m := publishedMsg("walcast", e.j.ID(), es[2])
+	m.Header.Set(bus.HeaderTxnEnd, bus.TxnEndEntity)
+	if err := e.pub.PublishMsg(m); err != nil {
+		t.Fatal(err)
+	}
+	if f := c.expect("change"); f.env.Seq != es[1].Seq || f.End || f.Cursor != "" {
+		t.Fatalf("second change: %+v", f)
+	}
+	f := c.expect("change")
+	if pos, err := e.j.CursorPosition(f.Cursor); f.env.Seq != es[2].Seq || !f.End || err != nil || pos != es[2].Seq {
+		t.Fatalf("last change: %+v (cursor at %d, %v)", f, pos, err)
 	}
 }
