@@ -269,13 +269,20 @@ func (c *stateClient) apply(b []byte) (stateFrame, error) {
 // tableState is SELECT of public.docs scoped as the client is.
 func tableState(t *testing.T, url, tenant string) map[string]string {
 	t.Helper()
+	return scopedRows(t, url, "docs", tenant)
+}
+
+// scopedRows is SELECT of table (with columns id, tenant and val) scoped
+// as a client of tenant is: its tenant's rows and those with no tenant.
+func scopedRows(t *testing.T, url, table, tenant string) map[string]string {
+	t.Helper()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	q := `SELECT id, json_build_object('tenant', tenant, 'val', val)::text FROM docs WHERE tenant IS NULL`
+	q := `SELECT id, json_build_object('tenant', tenant, 'val', val)::text FROM ` + table + ` WHERE tenant IS NULL`
 	args := []any{}
 	if tenant != "" {
 		q += ` OR tenant = $1`

@@ -97,39 +97,6 @@ func applyTxnEnvelope(rows map[string]string, e *decoder.Envelope) {
 	}
 }
 
-// txnSourceRows is the table's rows a client of tenant sees: its tenant's
-// and those with no tenant.
-func txnSourceRows(t *testing.T, url, table, tenant string) map[string]string {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, `SELECT id, json_build_object('tenant', tenant, 'val', val)::text FROM `+table+` WHERE tenant IS NULL OR tenant = $1`, tenant)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]string{}
-	for rows.Next() {
-		var id int
-		var obj string
-		if err := rows.Scan(&id, &obj); err != nil {
-			t.Fatal(err)
-		}
-		var m map[string]json.RawMessage
-		if err := json.Unmarshal([]byte(obj), &m); err != nil {
-			t.Fatal(err)
-		}
-		out[fmt.Sprint(id)] = normRow(m)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 // txnWriter runs n random transactions on docs and notes: inserts,
 // updates (of values, and of tenants: rows move between 'a', 'b' and no
 // tenant), deletes, and once, half way, a TRUNCATE of docs with inserts
@@ -294,7 +261,7 @@ func TestWholeTransactions(t *testing.T) {
 			deadline := time.Now().Add(60 * time.Second)
 			for time.Now().Before(deadline) {
 				f.mu.Lock()
-				diff = diffStates(f.rows[topic], txnSourceRows(t, env.src, table, f.tenant))
+				diff = diffStates(f.rows[topic], scopedRows(t, env.src, table, f.tenant))
 				f.mu.Unlock()
 				if diff == "" {
 					break
