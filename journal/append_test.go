@@ -578,3 +578,56 @@ func (a *Journal) queryRowState(ctx context.Context, j *Journal) (State, error) 
 	s.Watermark = decoder.LSN(wm)
 	return s, err
 }
+
+// TestOpenReadOnly: a read-only Open finds an existing journal at this
+// version, and otherwise fails with what to run, without creating or
+// migrating anything.
+func TestOpenReadOnly(t *testing.T) {
+	ctx := testCtx(t)
+	url := pgtest.NewDatabase(t)
+	readOnly := func(c *Config) { c.ReadOnly = true }
+	fails := func(want error) {
+		t.Helper()
+		j, err := Open(ctx, Config{URL: url, ReadOnly: true})
+		if err == nil {
+			j.Close()
+			t.Fatalf("read-only Open succeeded, want %v", want)
+		}
+		var je *Error
+		if !errors.Is(err, want) || !errors.As(err, &je) || je.Fix == "" {
+			t.Fatalf("read-only Open: got %v, want %v with a fix", err, want)
+		}
+	}
+	schemaExists := func() bool {
+		var ok bool
+		pgtest.MustQueryRow(t, url, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", []any{DefaultSchema}, &ok)
+		return ok
+	}
+
+	fails(ErrNoJournal)
+	if schemaExists() {
+		t.Fatal("a read-only Open of a database without a journal created its schema")
+	}
+
+	j := openAt(t, url)
+	r := openAt(t, url, readOnly)
+	if r.ID() != j.ID() {
+		t.Fatalf("read-only Open read journal id %x, want %x", r.ID(), j.ID())
+	}
+
+	// An older journal is not migrated by a read-only Open.
+	last := len(migrations) - 1
+	if _, err := j.exec(ctx, "DELETE FROM "+j.sql.migrations+" WHERE version = $1", last); err != nil {
+		t.Fatal(err)
+	}
+	fails(ErrSchemaTooOld)
+	var have int
+	pgtest.MustQueryRow(t, url, "SELECT max(version) FROM "+j.sql.migrations, nil, &have)
+	if have != last-1 {
+		t.Fatalf("after a read-only Open the journal is at version %d, want %d (untouched)", have, last-1)
+	}
+	if _, err := j.exec(ctx, "INSERT INTO "+j.sql.migrations+" (version) VALUES ($1), ($2)", last, last+1); err != nil {
+		t.Fatal(err)
+	}
+	fails(ErrSchemaTooNew)
+}

@@ -37,6 +37,13 @@ var (
 
 	// ErrSchemaTooNew: the journal schema was migrated by a newer walcast.
 	ErrSchemaTooNew = errors.New("journal schema is newer than this walcast")
+
+	// ErrSchemaTooOld: a read-only Open (Config.ReadOnly) found the journal
+	// at an older schema version, which only a migrating Open upgrades.
+	ErrSchemaTooOld = errors.New("journal schema is older than this walcast")
+
+	// ErrNoJournal: a read-only Open found no journal in the schema.
+	ErrNoJournal = errors.New("no journal")
 )
 
 // Error is the journal's error type: the operation that failed, its cause and,

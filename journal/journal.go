@@ -63,6 +63,12 @@ type Config struct {
 	// as tampered: keep a secret here for as long as clients may hold cursors
 	// signed with it.
 	PreviousCursorSecrets [][]byte
+	// ReadOnly opens an existing journal without creating or migrating
+	// it, for commands that only read (walcast types, tail, snapshot
+	// status): a journal that is missing, or at another schema version
+	// than this walcast's, is an error saying what to run, and nothing is
+	// written to the database.
+	ReadOnly bool
 	// ReadURL, when set, is a libpq URL or DSN of a physical standby of
 	// the journal's server: the reads that serve readers (Changes,
 	// EntryAt, EntityProgress, Entities, FirstSeqInvisible,
@@ -178,7 +184,11 @@ func Open(ctx context.Context, cfg Config) (*Journal, error) {
 	}
 	sum := sha256.Sum256([]byte(cfg.Schema))
 	j.channel = "walcast_journal_" + hex.EncodeToString(sum[:12])
-	if err := j.migrate(ctx); err != nil {
+	open := j.migrate
+	if cfg.ReadOnly {
+		open = j.checkSchema
+	}
+	if err := open(ctx); err != nil {
 		j.Close()
 		return nil, err
 	}

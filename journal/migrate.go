@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The journal's schema: every migration since the first, applied in order
@@ -154,6 +155,39 @@ COMMENT ON COLUMN %[1]s.entries.xid8 IS 'the source transaction''s full 64-bit i
 
 // advisoryClass is the first key of the migration advisory lock ("walc").
 const advisoryClass = 0x77616c63
+
+// checkSchema is migrate for a read-only Open: it finds the journal at
+// exactly this walcast's schema version and reads its id, writing nothing.
+func (j *Journal) checkSchema(ctx context.Context) error {
+	const op = "journal.Open"
+	schemaQ := pgx.Identifier{j.schema}.Sanitize()
+	var have *int
+	err := j.queryRow(ctx, "SELECT CASE WHEN to_regclass($1) IS NULL THEN NULL ELSE (SELECT coalesce(max(version), 0) FROM "+j.sql.migrations+") END",
+		[]any{j.sql.migrations}, &have)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42P01" {
+			return opErr(op, fmt.Errorf("read journal schema %s: %w", schemaQ, err), migrateFix(err))
+		}
+		have = nil // the table vanished between the two checks
+	}
+	want := len(migrations) - 1
+	switch {
+	case have == nil || *have == 0:
+		return &Error{Op: op, Err: fmt.Errorf("%w: schema %s holds no journal", ErrNoJournal, schemaQ),
+			Fix: "check --journal-url and --journal-schema; walcast run creates the journal when it first starts"}
+	case *have > want:
+		return &Error{Op: op, Err: fmt.Errorf("%w: schema %s is at version %d, this walcast knows up to %d", ErrSchemaTooNew, schemaQ, *have, want),
+			Fix: "use the walcast version that migrated the journal"}
+	case *have < want:
+		return &Error{Op: op, Err: fmt.Errorf("%w: schema %s is at version %d, this walcast reads version %d", ErrSchemaTooOld, schemaQ, *have, want),
+			Fix: "start this version's walcast run (or walcast sync) once: it migrates the journal; or use the walcast version that runs against it"}
+	}
+	if err := j.queryRow(ctx, "SELECT journal_id FROM "+j.sql.meta, nil, &j.id); err != nil {
+		return opErr(op, fmt.Errorf("read journal id in schema %s: %w", schemaQ, err), migrateFix(err))
+	}
+	return nil
+}
 
 func (j *Journal) migrate(ctx context.Context) error {
 	const op = "journal.Open"

@@ -44,11 +44,13 @@ func (f *journalFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.schema, "journal-schema", journal.DefaultSchema, "schema of the journal")
 }
 
+// open opens the journal; the status subcommand, which only reads, opens
+// it without migrating (journal.Config.ReadOnly).
 func (f *journalFlags) open(cmd *cobra.Command, sub string) (*journal.Journal, error) {
 	if f.url == "" {
 		return nil, usageErrorf("snapshot %s: --journal-url is required (or set WALCAST_JOURNAL_URL): the database holding walcast run's journal", sub)
 	}
-	j, err := journal.Open(cmd.Context(), journal.Config{URL: f.url, Schema: f.schema, MaxConns: 2})
+	j, err := journal.Open(cmd.Context(), journal.Config{URL: f.url, Schema: f.schema, MaxConns: 2, ReadOnly: sub == "status"})
 	if err != nil {
 		return nil, startupError(err)
 	}
@@ -133,9 +135,11 @@ func newSnapshotStatusCmd() *cobra.Command {
 newest of every status), newest first: table, status, rows and chunks
 journaled, the rate since it started, an estimate of the time left (from the
 table's row estimate when it started; with --where an upper bound), and for a
-failed one the reason with its fix.
+failed one the reason with its fix. It only reads the journal: it never
+creates or migrates one.
 
-Exit status: 0, or 2 for a bad flag or an unreachable journal.`,
+Exit status: 0, or 2 for a bad flag, an unreachable journal, or one missing
+or at another version than this walcast's.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			j, err := jf.open(cmd, "status")

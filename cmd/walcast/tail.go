@@ -106,7 +106,7 @@ full, for piping into other tools.
 				if fromCursor != "" && cmd.Flags().Changed("from-seq") {
 					return usageErrorf("tail: give either --from-seq or --from-cursor, not both")
 				}
-				j, err := journal.Open(cmd.Context(), journal.Config{URL: journalURL, Schema: schema, CursorSecret: []byte(cursorSecret)})
+				j, err := journal.Open(cmd.Context(), journal.Config{URL: journalURL, Schema: schema, CursorSecret: []byte(cursorSecret), ReadOnly: true})
 				if err != nil {
 					return startupError(err)
 				}

@@ -51,9 +51,13 @@ A column that may be NULL adds | null. Each interface is followed by its key
 type (the key columns, Pick<Row, …>), and the interface Tables maps every
 topic to its row type.
 
+It only reads the journal: it never creates or migrates one, and a journal
+that is missing or at another version than this walcast's is an error that
+says what to run.
+
 Exit status: 0; 1 when the catalog names no published table (walcast run has
-not started on this journal, or --table matched none); 2 for a bad flag or an
-unreachable journal.`,
+not started on this journal, or --table matched none); 2 for a bad flag, an
+unreachable journal, or one missing or at another version.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if lang != "ts" {
@@ -70,7 +74,7 @@ unreachable journal.`,
 				}
 				want[decoder.EntityName(s, n)] = true
 			}
-			j, err := journal.Open(cmd.Context(), journal.Config{URL: url, Schema: schema, MaxConns: 1})
+			j, err := journal.Open(cmd.Context(), journal.Config{URL: url, Schema: schema, MaxConns: 1, ReadOnly: true})
 			if err != nil {
 				return startupError(err)
 			}

@@ -119,6 +119,18 @@ func TestTypes(t *testing.T) {
 		}
 	}
 
+	// A database holding no journal is refused, and left without one:
+	// types only reads, so it never creates or migrates a journal.
+	empty := pgtest.NewDatabase(t)
+	if code, _, e := walcast(t, nil, "types", "--lang", "ts", "--journal-url", empty); code != exitUsage || !strings.Contains(e, "holds no journal") || !strings.Contains(e, "walcast run creates the journal") {
+		t.Errorf("types against a database without a journal: exit %d, %q; want exit %d naming the fix", code, e, exitUsage)
+	}
+	var created bool
+	pgtest.MustQueryRow(t, empty, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'walcast')", nil, &created)
+	if created {
+		t.Errorf("walcast types created a journal schema in a database that had none")
+	}
+
 	// The journaled rows, as TypeScript values of the generated types.
 	execSQL(t, url, typesRows...)
 	var afters map[string][]json.RawMessage
