@@ -36,6 +36,10 @@ func newHostileEnv(t *testing.T, mod ...func(*Config)) *hostileEnv {
 	h.good.sub(orders, "")
 	h.good.expect("subscribed")
 	h.topicLive(orders, 1)
+	// Attacks start once the node reports ready, as behind a load
+	// balancer: the first delivery may precede the node's first read of
+	// the journal's horizon (its LISTEN connection comes up on its own).
+	waitFor(t, "the node ready", func() bool { ok, _ := h.node.Ready(); return ok })
 	return h
 }
 
