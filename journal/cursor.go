@@ -37,13 +37,14 @@ type scope struct {
 	entities   []string // sorted, distinct; empty = all entities
 	tenant     string
 	allTenants bool
+	view       string
 }
 
 func newScope(q Query) scope {
 	ents := slices.Clone(q.Entities)
 	slices.Sort(ents)
 	ents = slices.Compact(ents)
-	s := scope{entities: ents, tenant: q.Tenant, allTenants: q.AllTenants}
+	s := scope{entities: ents, tenant: q.Tenant, allTenants: q.AllTenants, view: q.View}
 	if s.allTenants {
 		s.tenant = ""
 	}
@@ -70,6 +71,14 @@ func (s scope) hash() [16]byte {
 		binary.BigEndian.PutUint64(n[:], uint64(len(e)))
 		h.Write(n[:])
 		h.Write([]byte(e))
+	}
+	if s.view != "" {
+		// After the entities, so a scope without a view hashes as it
+		// always has.
+		binary.BigEndian.PutUint64(n[:], uint64(len(s.view)))
+		h.Write([]byte{'v'})
+		h.Write(n[:])
+		h.Write([]byte(s.view))
 	}
 	var out [16]byte
 	copy(out[:], h.Sum(nil))

@@ -33,6 +33,13 @@ type Query struct {
 	// tenant-unknown ones: for the publisher and operators' tools, never for
 	// an end user's request. Tenant is ignored when it is set.
 	AllTenants bool
+	// View is a reader's own narrowing of the scope that the journal does
+	// not apply: a filtered subscription's filter and column list, in a
+	// canonical form. It binds cursors only (a cursor issued under one
+	// View is refused under another, ErrCursorScope), so a position
+	// counted under one filter is never resumed under another. Empty for
+	// none, and a cursor issued without one keeps its meaning.
+	View string
 
 	// AtLeast is a seq the caller knows the journal holds (one it was
 	// given live, or the journal server's horizon): a read made on a

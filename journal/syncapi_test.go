@@ -25,6 +25,25 @@ func TestSyncAPI(t *testing.T) {
 	if _, _, _, err := j.CheckCursor(Query{Entities: []string{"public.b"}, Cursor: cur}); !errors.Is(err, ErrCursorScope) {
 		t.Fatalf("other scope: %v", err)
 	}
+	// A cursor is bound to its View as to its entities: one issued without
+	// a view is refused under one, one issued under a view under another.
+	if _, _, _, err := j.CheckCursor(Query{Entities: []string{"public.a"}, View: "f{}", Cursor: cur}); !errors.Is(err, ErrCursorScope) {
+		t.Fatalf("a view's scope took a cursor issued without one: %v", err)
+	}
+	vq := Query{Entities: []string{"public.a"}, View: "f{\"col\":\"id\"}"}
+	vcur, err := j.CursorAt(vq, 0, res.FirstSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vq.Cursor = vcur
+	if pos, _, _, err := j.CheckCursor(vq); err != nil || pos != res.FirstSeq {
+		t.Fatalf("the view's own cursor: %d %v", pos, err)
+	}
+	for _, other := range []string{"", "f{\"col\":\"id2\"}"} {
+		if _, _, _, err := j.CheckCursor(Query{Entities: []string{"public.a"}, View: other, Cursor: vcur}); !errors.Is(err, ErrCursorScope) {
+			t.Fatalf("view %q took a cursor of another view: %v", other, err)
+		}
+	}
 	if _, _, _, err := j.CheckCursor(Query{Entities: []string{"public.a"}, Cursor: cur[:10] + string(cur[10]^1) + cur[11:]}); !errors.Is(err, ErrCursorTampered) {
 		t.Fatalf("tampered: %v", err)
 	}

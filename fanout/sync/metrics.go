@@ -28,6 +28,11 @@ type syncStats struct {
 	epochChanges     atomic.Int64 // journal epoch changes the node followed
 	epochIgnored     atomic.Int64 // messages of another epoch ignored
 	positionsMoved   atomic.Int64 // member positions moved by publisher positions (tests)
+	// Filtered subscriptions (view.go): changes of a member's scope not
+	// sent because its view excludes them, removals sent for rows that
+	// left a view, changes a view could not judge (answered with a
+	// resync), and members whose row set passed MaxFilterRows.
+	filterSkipped, filterRemovals, filterResyncs, rowSetsOverflowed atomic.Int64
 	// snapshotsQueued counts snapshots asked for and waiting for a slot
 	// (the socket's or the client's); reads waiting for one of the node's
 	// --max-concurrent-snapshots, the running ones and the rows sent are
@@ -89,6 +94,17 @@ type Stats struct {
 	// --journal-read-url: made there, waited for, made on the journal's
 	// server instead (journal.ReplicaStats); zero without one.
 	JournalStandby journal.ReplicaStats
+	// Filter counts what filtered subscriptions did (docs/sync.md
+	// "Filtered subscriptions").
+	Filter FilterStats
+}
+
+// FilterStats: Skipped changes of members' scopes their views exclude
+// (frames not sent), Removals of rows that left a view, Resyncs for
+// changes a view could not judge, RowSetsOverflowed members whose rows
+// passed MaxFilterRows (the node no longer knows which rows they hold).
+type FilterStats struct {
+	Skipped, Removals, Resyncs, RowSetsOverflowed int64
 }
 
 // Stats returns a snapshot of the node's counters.
@@ -100,6 +116,8 @@ func (n *Node) Stats() Stats {
 		Closed: map[string]int64{}, Rejected: map[string]int64{}, Repairs: map[string]int64{},
 		Snapshots: map[string]int64{}, SnapshotsQueued: st.snapshotsQueued.Load()}
 	out.MemoryBytes = st.queuedBytes.Load()
+	out.Filter = FilterStats{Skipped: st.filterSkipped.Load(), Removals: st.filterRemovals.Load(),
+		Resyncs: st.filterResyncs.Load(), RowSetsOverflowed: st.rowSetsOverflowed.Load()}
 	if n.state != nil {
 		out.SnapshotsRunning, out.SnapshotRows = n.state.active.Load(), n.state.rows.Load()
 		out.SnapshotTenantUnknown = map[string]int64{"table": n.state.unknownTables.Load(), "row": n.state.unknownRows.Load()}
@@ -239,6 +257,16 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 	if err != nil {
 		return nil, err
 	}
+	filterCounts, err := meter.Int64ObservableCounter("walcast.sync.filter.changes",
+		metric.WithDescription("changes of filtered subscriptions' scopes, by what the filter made of them: skipped (not sent), removal (a row that left the filter, sent as its key's delete), resync (could not be judged from the change: the client re-reads)"))
+	if err != nil {
+		return nil, err
+	}
+	rowSetsOver, err := meter.Int64ObservableCounter("walcast.sync.filter.rowsets_overflowed",
+		metric.WithDescription("filtered subscriptions whose rows passed --max-filter-rows: the node no longer knows which rows they hold and sends a removal for every row that may have left (raise the flag to save those frames)"))
+	if err != nil {
+		return nil, err
+	}
 	if n.stats.snapshotDuration, err = meter.Float64Histogram("walcast.sync.snapshot.duration", metric.WithUnit("s"),
 		metric.WithDescription("snapshot length, from taking its slot to its end, whatever the outcome"),
 		metric.WithExplicitBucketBoundaries(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600)); err != nil {
@@ -274,6 +302,10 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 		o.ObserveInt64(snapShared, s.SnapshotsShared)
 		o.ObserveInt64(spoolBytes, s.SpoolBytes)
 		o.ObserveInt64(memBytes, s.MemoryBytes)
+		o.ObserveInt64(filterCounts, s.Filter.Skipped, metric.WithAttributes(attribute.String("outcome", "skipped")))
+		o.ObserveInt64(filterCounts, s.Filter.Removals, metric.WithAttributes(attribute.String("outcome", "removal")))
+		o.ObserveInt64(filterCounts, s.Filter.Resyncs, metric.WithAttributes(attribute.String("outcome", "resync")))
+		o.ObserveInt64(rowSetsOver, s.Filter.RowSetsOverflowed)
 		if n.j.HasReplica() {
 			o.ObserveInt64(standbyReads, s.JournalStandby.Reads)
 			o.ObserveInt64(standbyWaits, s.JournalStandby.Waits)
@@ -283,7 +315,7 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 		}
 		return nil
 	}, standbyReads, standbyWaits, standbyFallbacks, open, sent, dropped, gaps, received, closed, rejected, repairs, epochs, snapshots, snapRows, snapUnknown, snapRunning, snapQueued,
-		snapReads, snapShared, spoolBytes, memBytes)
+		snapReads, snapShared, spoolBytes, memBytes, filterCounts, rowSetsOver)
 }
 
 // noteReplica logs, once per minute at most, that journal reads meant for

@@ -29,6 +29,7 @@ import (
 
 	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/fanout/bus"
+	"github.com/walcast/walcast/fanout/filter"
 	"github.com/walcast/walcast/journal"
 )
 
@@ -38,6 +39,7 @@ const (
 	DefaultMaxDroppedFrames = 1000
 	DefaultIdleTimeout      = 120 * time.Second
 	DefaultMaxFrameBytes    = 4096
+	DefaultMaxFilterRows    = 100_000
 	DefaultInboundRate      = 20
 	DefaultInboundBurst     = 60
 	DefaultWriteTimeout     = 10 * time.Second
@@ -135,6 +137,14 @@ type Config struct {
 	// no bound.
 	MaxMemoryBytes   int64
 	MaxReplayEntries int64
+	// MaxFilterRows bounds the keys the node keeps per filtered
+	// subscription of the rows its client holds (view.go); past it the
+	// node sends a removal for every row that may have left the filter.
+	// 0 means DefaultMaxFilterRows, negative keeps none.
+	MaxFilterRows int
+	// FilterLimits bound the filters clients send; zero fields take
+	// filter.DefaultLimits'.
+	FilterLimits filter.Limits
 
 	// Clock drives idle eviction, drop windows and token buckets; default
 	// the system clock.
@@ -182,6 +192,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.InboundBurst <= 0 {
 		c.InboundBurst = DefaultInboundBurst
+	}
+	if c.MaxFilterRows == 0 {
+		c.MaxFilterRows = DefaultMaxFilterRows
 	}
 	if c.MaxFrameBytes <= 0 {
 		c.MaxFrameBytes = DefaultMaxFrameBytes
@@ -703,6 +716,11 @@ type member struct {
 	// answered with a fresh snapshot; job is the snapshot running (state.go).
 	snapshot bool
 	job      *snapJob
+	// view: the subscription's filter and column list (view.go), nil for
+	// the whole topic; rows: what the node knows of the rows the client
+	// holds under it (never nil with a view).
+	view *view
+	rows *rowSet
 }
 
 // join adds m to its entity's topic, subscribing to NATS first if the
@@ -919,7 +937,11 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 			// mark ends): the held change was its last.
 			m.releaseLocked(&enc, true)
 		}
-		if seq <= m.pos || !visible(m.tenantTok, tenantTok, unknown) {
+		mc, in := c, seq > m.pos && visible(m.tenantTok, tenantTok, unknown)
+		if in && m.view != nil && m.state == memberLive {
+			mc, in = m.viewLocked(&enc, c) // the view's form of c, if any
+		}
+		if !in {
 			if end && m.held != nil && m.state == memberLive {
 				m.releaseLocked(&enc, true)
 			}
@@ -931,7 +953,7 @@ func (t *syncTopic) onMsg(msg *nats.Msg) {
 				continue
 			}
 		}
-		m.held = c
+		m.held = mc
 		if end {
 			m.releaseLocked(&enc, true)
 		}
@@ -948,11 +970,38 @@ type liveChange struct {
 }
 
 // liveFrames encodes the frames of one NATS callback once per change,
-// scope and end mark, so every member of a scope shares the bytes.
+// scope and end mark, so every member of a scope shares the bytes; and
+// judges the change once per view (views, vm), so every member of a view
+// shares its form of it.
 type liveFrames struct {
 	n     *Node
 	topic string
 	m     map[liveFrameKey]*frame
+	views viewCache
+	vm    map[viewFormKey]*liveChange
+}
+
+type viewFormKey struct {
+	view   string
+	action viewAction
+}
+
+// viewChange is c as members of v get it for action: c itself when the
+// view leaves its envelope as it is.
+func (e *liveFrames) viewChange(v *view, action viewAction, c *liveChange, payload []byte) *liveChange {
+	if action == viewSend && len(payload) == len(c.payload) && (len(payload) == 0 || &payload[0] == &c.payload[0]) {
+		return c
+	}
+	k := viewFormKey{view: v.text, action: action}
+	if vc := e.vm[k]; vc != nil {
+		return vc
+	}
+	vc := &liveChange{seq: c.seq, epoch: c.epoch, op: c.op, commit: c.commit, payload: payload}
+	if e.vm == nil {
+		e.vm = map[viewFormKey]*liveChange{}
+	}
+	e.vm[k] = vc
+	return vc
 }
 
 type liveFrameKey struct {
@@ -992,6 +1041,15 @@ func (e *liveFrames) frame(m *member, c *liveChange, end bool) *frame {
 func (m *member) releaseLocked(enc *liveFrames, end bool) {
 	c := m.held
 	m.held = nil
+	if c.payload == nil {
+		// A change the member's view could not judge: nothing to send,
+		// and the resync it owes goes out if its transaction ends here.
+		if end {
+			m.pos = c.seq
+			m.endedLocked(c.seq, true)
+		}
+		return
+	}
 	f := enc.frame(m, c, end)
 	if f == nil {
 		return
@@ -1068,6 +1126,9 @@ func (m *member) boundaryLocked() int64 {
 // 1013). A member subscribed with "snapshot":true gets a fresh snapshot
 // instead. t.mu is held.
 func (m *member) resyncLocked(f *frame, seq int64) {
+	if m.rows != nil {
+		m.rows.forget() // the client re-reads: the node cannot know what it will hold
+	}
 	if m.snapshot && m.state != memberGone && m.s.startSnapshotLocked(m, "resync") {
 		return // answered with a fresh snapshot (state.go)
 	}

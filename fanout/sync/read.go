@@ -26,6 +26,7 @@ type sharedReads struct {
 type readKey struct {
 	entity, tenant string
 	epoch, from    int64
+	raw            bool
 }
 
 type readCall struct {
@@ -47,7 +48,10 @@ type readPage struct {
 	// re-reads the entity as on the live path (resyncLocked); nil when
 	// the page has none.
 	truncate []bool
-	end      int64 // position the read covered
+	// entries are the page's entries themselves instead of frames, for
+	// members of a view (readView), which judge and encode them each.
+	entries []journal.Entry
+	end     int64 // position the read covered
 	more     bool
 	// resync is set when the position needs a resync: the frame to send and
 	// the position (the horizon) to continue from.
@@ -63,7 +67,28 @@ type readPage struct {
 // canceled when the last socket waiting for it leaves (a client that
 // disconnects costs no further journal time).
 func (r *sharedReads) read(ctx context.Context, q journal.Query, epoch, from int64) (readPage, error) {
-	key := readKey{entity: q.Entities[0], tenant: q.Tenant, epoch: epoch, from: from}
+	return r.readAs(ctx, q, epoch, from, false)
+}
+
+// readView is read for members of a view: the page holds the entries, and
+// the resync frame's cursor (if any) is for q, the view's scope.
+func (r *sharedReads) readView(ctx context.Context, q journal.Query, epoch, from int64) (readPage, error) {
+	view := q.View
+	q.View = "" // the journal reads the scope; views share the read
+	p, err := r.readAs(ctx, q, epoch, from, true)
+	if err == nil && p.resync != nil {
+		q.View = view
+		cur, err := r.n.j.CursorAt(q, p.resyncEpoch, p.resyncPos)
+		if err != nil {
+			return readPage{}, err
+		}
+		p.resync = controlFrame("resync", q.Entities[0], cur)
+	}
+	return p, err
+}
+
+func (r *sharedReads) readAs(ctx context.Context, q journal.Query, epoch, from int64, raw bool) (readPage, error) {
+	key := readKey{entity: q.Entities[0], tenant: q.Tenant, epoch: epoch, from: from, raw: raw}
 	r.mu.Lock()
 	if r.inflight == nil {
 		r.inflight = map[readKey]*readCall{}
@@ -76,7 +101,7 @@ func (r *sharedReads) read(ctx context.Context, q journal.Query, epoch, from int
 		r.n.wg.Add(1)
 		go func() {
 			defer r.n.wg.Done()
-			c.page, c.err = r.do(rctx, q, epoch, from)
+			c.page, c.err = r.do(rctx, q, epoch, from, raw)
 			r.mu.Lock()
 			if r.inflight[key] == c {
 				delete(r.inflight, key)
@@ -111,7 +136,7 @@ func (r *sharedReads) read(ctx context.Context, q journal.Query, epoch, from int
 // do reads one page: at most catchUpPageBytes of envelopes (and
 // journal.DefaultLimit changes), so a page held outside the socket's queue
 // is bounded in bytes.
-func (r *sharedReads) do(ctx context.Context, q journal.Query, epoch, from int64) (readPage, error) {
+func (r *sharedReads) do(ctx context.Context, q journal.Query, epoch, from int64, raw bool) (readPage, error) {
 	j := r.n.j
 	if h := r.testHook.Load(); h != nil {
 		(*h)(ctx)
@@ -133,6 +158,13 @@ func (r *sharedReads) do(ctx context.Context, q journal.Query, epoch, from int64
 			return readPage{}, err
 		}
 		return readPage{resync: controlFrame("resync", q.Entities[0], res.ResyncCursor), resyncPos: pos, resyncEpoch: res.Epoch, end: from}, nil
+	}
+	if raw {
+		p := readPage{more: res.More, entries: res.Changes}
+		if p.end, err = j.CursorPosition(res.Cursor); err != nil {
+			return readPage{}, err
+		}
+		return p, nil
 	}
 	p := readPage{more: res.More, frames: make([]*frame, len(res.Changes)), seqs: make([]int64, len(res.Changes)), ends: make([]bool, len(res.Changes))}
 	for i, e := range res.Changes {

@@ -68,7 +68,7 @@ func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 	started := time.Now()
 	sink := &httpSink{w: w, rc: http.NewResponseController(w), timeout: n.cfg.WriteTimeout}
 	q := journal.Query{Entities: []string{topic}, Tenant: claims.Tenant}
-	res, err := n.readStateAgain(ctx, q, "", sink)
+	res, err := n.readStateAgain(ctx, q, nil, "", sink)
 	if err == nil {
 		var cur string
 		if cur, err = n.j.CursorAt(q, res.epoch, res.pos); err == nil {

@@ -493,6 +493,18 @@ type clientFrame struct {
 	Token  string `json:"token"` // refresh
 	// Snapshot asks a sub for the topic's current rows first (state.go).
 	Snapshot bool `json:"snapshot"`
+	// Filter and Columns narrow a sub to some rows and columns (view.go):
+	// Columns absent (or null) is every column, [] the key columns only.
+	Filter  json.RawMessage `json:"filter"`
+	Columns *[]string       `json:"columns"`
+}
+
+func (f *clientFrame) view() viewRequest {
+	r := viewRequest{filter: f.Filter}
+	if f.Columns != nil {
+		r.columns, r.hasCols = *f.Columns, true
+	}
+	return r
 }
 
 func (s *socket) handle(b []byte) {
@@ -506,7 +518,7 @@ func (s *socket) handle(b []byte) {
 		s.enqueue(pongFrame, nil)
 		s.sendPositions()
 	case "sub":
-		s.subscribe(f.Topic, f.Cursor, f.Snapshot)
+		s.subscribe(f.Topic, f.Cursor, f.Snapshot, f.view())
 	case "refresh":
 		s.refresh(f.Token)
 	case "unsub":
@@ -569,7 +581,7 @@ func (s *socket) checkTopic(topic string) *frame {
 // then the journal from the cursor (or from now), then live. With snapshot
 // and no cursor (or one that needs a resync) the topic's rows come first
 // (state.go).
-func (s *socket) subscribe(topic, cursor string, snapshot bool) {
+func (s *socket) subscribe(topic, cursor string, snapshot bool, vreq viewRequest) {
 	n := s.n
 	if f := s.checkTopic(topic); f != nil {
 		s.enqueue(f, nil)
@@ -581,6 +593,11 @@ func (s *socket) subscribe(topic, cursor string, snapshot bool) {
 			return
 		}
 	}
+	v, code, msg := n.openView(s.ctx, topic, vreq)
+	if code != "" {
+		s.enqueue(errorFrame(code, msg, topic), nil)
+		return
+	}
 	if old := s.removeMember(topic); old != nil {
 		s.endCatchUps(old)
 		n.leave(old)
@@ -589,8 +606,11 @@ func (s *socket) subscribe(topic, cursor string, snapshot bool) {
 		return
 	}
 	q := journal.Query{Entities: []string{topic}, Tenant: s.claims.Tenant}
+	if v != nil {
+		q.View = v.text
+	}
 	m := &member{s: s, topic: topic, q: q, state: memberCatchingUp, snapshot: snapshot,
-		tenantTok: bus.TenantToken(s.claims.Tenant, s.claims.Tenant != "")}
+		tenantTok: bus.TenantToken(s.claims.Tenant, s.claims.Tenant != ""), view: v}
 	resync := false
 	if cursor != "" {
 		q.Cursor = cursor
@@ -614,6 +634,14 @@ func (s *socket) subscribe(topic, cursor string, snapshot bool) {
 			resync = true // a cursor of another epoch (DESIGN §5)
 		default:
 			m.pos, m.epoch = pos, epoch
+		}
+	}
+	if v != nil {
+		// A client that resumes holds rows the node cannot know of; one
+		// that starts afresh holds none (a snapshot records its rows).
+		m.rows = n.newRows()
+		if cursor != "" {
+			m.rows.forget()
 		}
 	}
 	if cursor == "" || resync {
@@ -785,6 +813,11 @@ func (s *socket) catchUp(ctx context.Context, m *member) {
 	t := m.t
 	n := s.n
 	bo := backoff.New(100*time.Millisecond, 5*time.Second)
+	// carry: a member of a view was given a change on an earlier page
+	// whose transaction's end in the scope that page did not reach; the
+	// next page starts after that page (carry.readFrom) while m.pos stays
+	// before the change (viewPageLocked).
+	var carry *viewCarry
 	for {
 		t.mu.Lock()
 		if m.state != memberCatchingUp {
@@ -795,7 +828,14 @@ func (s *socket) catchUp(ctx context.Context, m *member) {
 		// it; a read from a standby journal that has not replayed it
 		// waits for it or is made on the journal's server, so a lagging
 		// standby never ends the catch-up short of it.
-		from, epoch, need := m.pos, m.epoch, t.lastSeen
+		base, epoch, need := m.pos, m.epoch, t.lastSeen
+		if carry != nil && (carry.base != base || carry.epoch != epoch) {
+			carry = nil // moved meanwhile
+		}
+		from := base
+		if carry != nil {
+			from = carry.readFrom
+		}
 		if limit := n.cfg.MaxReplayEntries; limit > 0 && n.horizonKnown.Load() && epoch == n.epoch.Load() {
 			if h := n.horizon.Load(); h-from > limit {
 				n.stats.inc(&n.stats.repairs, "replay-too-far")
@@ -821,7 +861,13 @@ func (s *socket) catchUp(ctx context.Context, m *member) {
 		}
 		q := m.q
 		q.AtLeast = need
-		page, err := n.reads.read(ctx, q, epoch, from)
+		var page readPage
+		var err error
+		if m.view != nil {
+			page, err = n.reads.readView(ctx, q, epoch, from)
+		} else {
+			page, err = n.reads.read(ctx, q, epoch, from)
+		}
 		charged()
 		if err != nil {
 			s.catchUps.release()
@@ -837,12 +883,14 @@ func (s *socket) catchUp(ctx context.Context, m *member) {
 		bo.Reset()
 
 		t.mu.Lock()
-		if m.state != memberCatchingUp || m.pos != from || m.epoch != epoch {
+		if m.state != memberCatchingUp || m.pos != base || m.epoch != epoch {
 			t.mu.Unlock() // moved by a resync meanwhile: read again from there
 			s.catchUps.release()
+			carry = nil
 			continue
 		}
 		if page.resync != nil {
+			carry = nil
 			if page.resyncEpoch != n.epoch.Load() {
 				n.pokeEpoch()
 			}
@@ -852,6 +900,9 @@ func (s *socket) catchUp(ctx context.Context, m *member) {
 			s.catchUps.release()
 			continue
 		}
+		if m.view != nil {
+			page, carry = m.viewPageLocked(page, carry, epoch)
+		}
 		t.mu.Unlock()
 		// A replay is paced by the socket: it waits for room in the queue
 		// instead of dropping (only live frames are dropped).
@@ -859,12 +910,22 @@ func (s *socket) catchUp(ctx context.Context, m *member) {
 		for i := 0; i < len(page.frames); {
 			f, seq := page.frames[i], page.seqs[i]
 			t.mu.Lock()
-			if m.state != memberCatchingUp || m.epoch != epoch || m.pos > seq || m.pos < from {
+			if m.state != memberCatchingUp || m.epoch != epoch || m.pos > seq || m.pos < base {
 				t.mu.Unlock()
 				moved = true
 				break
 			}
 			if m.pos == seq {
+				t.mu.Unlock()
+				i++
+				continue
+			}
+			if f == nil {
+				// A change the member's view could not judge: the
+				// client re-reads once its transaction has ended.
+				m.pos = seq
+				m.owesResync = true
+				m.endedLocked(seq, page.ends[i])
 				t.mu.Unlock()
 				i++
 				continue
@@ -900,6 +961,11 @@ func (s *socket) catchUp(ctx context.Context, m *member) {
 		s.catchUps.release() // the page is queued (or abandoned): no longer held here
 		t.mu.Lock()
 		if moved || m.state != memberCatchingUp {
+			t.mu.Unlock()
+			continue
+		}
+		if carry != nil {
+			carry.base, carry.readFrom, carry.epoch = m.pos, page.end, epoch
 			t.mu.Unlock()
 			continue
 		}

@@ -297,24 +297,39 @@ type stateSink interface {
 type stateResult struct {
 	id, rows   int64
 	epoch, pos int64
+	// held: with a view, the keys of the rows the client holds once it
+	// has applied the snapshot (view.go).
+	held *rowSet
 }
 
 // errSnapshotRestart: the journal's history moved under the snapshot (an
 // epoch change or a resync entry); it must start over.
 var errSnapshotRestart = errors.New("the journal was reset during the snapshot")
 
+// errSnapshotViewRestart: a change after a filtered snapshot's rows could
+// not be judged under its view (view.go); read the rows again, which then
+// hold it. It is an errSnapshotRestart.
+var errSnapshotViewRestart = fmt.Errorf("a change after the rows could not be judged under the subscription's filter: %w", errSnapshotRestart)
+
 // readState runs one snapshot of q's topic (steps 1–4 above), sending
 // snapshot-begin, the rows and the changes that follow them up to the
 // returned position to sink. The rows come from a spool, shared with every
 // snapshot of the same scope that overlaps it. The caller sends
 // snapshot-end.
-func (n *Node) readState(ctx context.Context, q journal.Query, reason string, sink stateSink) (stateResult, error) {
+//
+// With a view v the rows and changes are those of the view (its filter
+// and columns), and res.held records the keys the client is sent.
+func (n *Node) readState(ctx context.Context, q journal.Query, v *view, reason string, sink stateSink) (stateResult, error) {
 	st := n.state
 	topic := q.Entities[0]
 	ctx, cancel := context.WithTimeout(ctx, st.cfg.Timeout)
 	defer cancel()
 
 	res := stateResult{id: st.ids.Add(1)}
+	var fills *snapshotFills
+	if v != nil {
+		res.held, fills = n.newRows(), newSnapshotFills(v)
+	}
 	key := spoolKey{entity: topic, tenant: q.Tenant, epoch: n.epoch.Load()}
 	if st.j != nil {
 		// The catalog version joins the key; the fill checks the entry
@@ -371,6 +386,14 @@ func (n *Node) readState(ctx context.Context, q journal.Query, reason string, si
 		if err != nil {
 			return res, err
 		}
+		if v != nil {
+			if body, err = viewRow(v, res.held, fills.fill(body), &n.stats); err != nil {
+				return res, err
+			}
+			if body == nil {
+				continue
+			}
+		}
 		p := rowBuf[:0] // send does not keep it: one buffer serves every row
 		p = append(p, `{"t":"row","topic":`...)
 		p = append(p, tq...)
@@ -389,7 +412,7 @@ func (n *Node) readState(ctx context.Context, q journal.Query, reason string, si
 		slot = src.Slot
 	}
 	var err error
-	res.pos, err = n.followAfterState(ctx, q, res.epoch, h.h0, h.snap, h.walAt, slot, sink)
+	res.pos, err = n.followAfterState(ctx, q, res.epoch, h.h0, h.snap, h.walAt, slot, v, res.held, fills, sink)
 	return res, err
 }
 
@@ -653,7 +676,7 @@ func (st *stateSource) classify(rctx, ctx context.Context, entity string, err er
 // position after which every entry is invisible in snap, so the ordinary
 // path can take over from there.
 func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 int64, snap pgSnapshot, walAt decoder.LSN,
-	slot string, sink stateSink) (int64, error) {
+	slot string, v *view, held *rowSet, fills *snapshotFills, sink stateSink) (int64, error) {
 	j := n.j
 	tq, _ := json.Marshal(q.Entities[0])
 	pos, err := catchUpStart(ctx, j, h0, snap)
@@ -748,11 +771,22 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 				} else if !passed && snap.sees(e, head.Xid) {
 					continue // in the rows already
 				}
-				p := make([]byte, 0, len(e.Envelope)+len(tq)+28)
+				body := e.Envelope
+				if v != nil {
+					if body = viewSnapshotChange(v, held, fills.fill(body), &n.stats); body == nil {
+						continue
+					}
+					if len(body) == 0 {
+						// A change the view cannot judge (or fill):
+						// read the rows again, which then hold it.
+						return 0, errSnapshotViewRestart
+					}
+				}
+				p := make([]byte, 0, len(body)+len(tq)+28)
 				p = append(p, `{"t":"change","topic":`...)
 				p = append(p, tq...)
 				p = append(p, `,"change":`...)
-				p = append(p, e.Envelope...)
+				p = append(p, body...)
 				p = append(p, '}')
 				if err := sink.send(ctx, p); err != nil {
 					return 0, err
@@ -951,9 +985,9 @@ func (n *Node) acquireSnapshot(ctx context.Context, socketSlots *slots, keys ...
 // readStateAgain is readState, started over (as an answer to a resync: the
 // client drops what it read at the next snapshot-begin) when the journal
 // was reset under it, up to snapshotAttempts times.
-func (n *Node) readStateAgain(ctx context.Context, q journal.Query, reason string, sink stateSink) (res stateResult, err error) {
+func (n *Node) readStateAgain(ctx context.Context, q journal.Query, v *view, reason string, sink stateSink) (res stateResult, err error) {
 	for range snapshotAttempts {
-		if res, err = n.readState(ctx, q, reason, sink); !errors.Is(err, errSnapshotRestart) {
+		if res, err = n.readState(ctx, q, v, reason, sink); !errors.Is(err, errSnapshotRestart) {
 			break
 		}
 		reason = "resync"
@@ -976,7 +1010,7 @@ func (s *socket) runSnapshot(ctx context.Context, m *member, j *snapJob, reason 
 	}
 	defer release()
 	started := time.Now()
-	res, err := n.readStateAgain(ctx, m.q, reason, socketSink{s: s, m: m, j: j})
+	res, err := n.readStateAgain(ctx, m.q, m.view, reason, socketSink{s: s, m: m, j: j})
 	if err != nil {
 		if ctx.Err() != nil || !m.ownsJob(j) || errors.Is(err, context.Canceled) {
 			// Unsubscribed, superseded or closed: the sink reports a
@@ -1014,6 +1048,9 @@ func (s *socket) runSnapshot(ctx context.Context, m *member, j *snapJob, reason 
 	n.snapshotEnded("done", started)
 	m.pos, m.epoch, m.state = res.pos, res.epoch, memberCatchingUp
 	m.mid, m.owesResync, m.held = false, false, nil // the snapshot's position is a transaction boundary
+	if m.view != nil {
+		m.rows = res.held
+	}
 	s.enqueue(newFrame(snapshotEndPayload(m.topic, cur, res)), nil)
 	n.alignEpochLocked(m)
 	if m.state == memberCatchingUp {

@@ -1,0 +1,744 @@
+package sync
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+
+	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/fanout/filter"
+	"github.com/walcast/walcast/journal"
+)
+
+// A view is a filtered subscription's part of its topic: a row filter and a
+// column list (fanout/filter), checked against the table's catalog entry
+// when the client subscribes (docs/sync.md "Filtered subscriptions"). It is
+// immutable and shared by every change it judges; what the node knows of
+// the rows one client holds under it is that member's rowSet.
+type view struct {
+	filter  *filter.Filter     // nil: every row
+	proj    *filter.Projection // nil: every column
+	keyCols []string           // the table's key columns (replica identity)
+	// text is the view in one canonical form: the filter's JSON compacted
+	// and the kept columns. It binds cursors (journal.Query.View), so a
+	// cursor is never resumed under another filter, and names the view in
+	// a callback's cache.
+	text string
+}
+
+// viewRequest is what a sub frame or an HTTP query asks: the filter's JSON
+// (nil for none) and the column list (nil for every column; an empty list
+// keeps the key columns only).
+type viewRequest struct {
+	filter  json.RawMessage
+	columns []string
+	hasCols bool
+}
+
+func (r viewRequest) empty() bool { return len(r.filter) == 0 && !r.hasCols }
+
+// errViewRefused is a filter or column list the node refuses; its message
+// names the problem (a *filter.Error's path and message).
+type errViewRefused struct{ msg string }
+
+func (e *errViewRefused) Error() string { return e.msg }
+
+// compileView checks req against the table's newest catalog entry. A table
+// the catalog does not publish is refused as a missing one. Errors other
+// than *errViewRefused are the journal's.
+func compileView(e journal.CatalogEntry, ok bool, req viewRequest, lim filter.Limits) (*view, error) {
+	entity := decoder.EntityName(e.Schema, e.Name)
+	if !ok || !e.Published {
+		return nil, &errViewRefused{msg: refusedMissing(entity).Error()}
+	}
+	cols := e.ColumnInfos()
+	v := &view{keyCols: e.KeyColumns()}
+	var text strings.Builder
+	if len(req.filter) > 0 && !bytes.Equal(bytes.TrimSpace(req.filter), []byte("null")) {
+		f, err := filter.Compile(req.filter, cols, lim)
+		if err != nil {
+			return nil, viewRefusal(err)
+		}
+		v.filter = f
+		var c bytes.Buffer
+		if err := json.Compact(&c, req.filter); err != nil {
+			return nil, &errViewRefused{msg: "filter: " + err.Error()}
+		}
+		text.WriteString("f")
+		text.Write(c.Bytes())
+	}
+	if req.hasCols {
+		p, err := filter.NewProjection(req.columns, cols)
+		if err != nil {
+			return nil, viewRefusal(err)
+		}
+		v.proj = p
+		b, _ := json.Marshal(p.Columns())
+		text.WriteString("\x00c")
+		text.Write(b)
+	}
+	v.text = text.String()
+	return v, nil
+}
+
+func viewRefusal(err error) error {
+	var fe *filter.Error
+	if errors.As(err, &fe) {
+		return &errViewRefused{msg: fe.Error()}
+	}
+	return &errViewRefused{msg: err.Error()}
+}
+
+// viewChange is one change judged under a view: what the node may send a
+// member of the view, before it knows what that member holds.
+type viewChange struct {
+	op decoder.Op
+	// now: whether the new row (an insert's, an update's or a snapshot
+	// row's) is in the view; old: whether the row before the change was,
+	// judged on the image the change carries of it (an update's before or
+	// key, a delete's before or key), so Undecided unless the filter reads
+	// only columns of that image.
+	now, old       filter.Result
+	oldKey, newKey string
+	// holes: the new image lacks the value of a column the view keeps
+	// (listed in unchanged: a TOASTed value PostgreSQL did not resend).
+	holes bool
+	// send is the change as the view shows it (its images cut to the kept
+	// columns); remove is an update's removal of its old key from the view
+	// (a delete of that key, marked "left":"filter").
+	send, remove []byte
+}
+
+// envelopeImages are the parts of an envelope a view reads.
+type envelopeImages struct {
+	Op             decoder.Op                 `json:"op"`
+	Key            map[string]json.RawMessage `json:"key"`
+	Before         map[string]json.RawMessage `json:"before"`
+	After          map[string]json.RawMessage `json:"after"`
+	Unchanged      []string                   `json:"unchanged"`
+	BeforeJSONNull []string                   `json:"beforeJsonNull"`
+	AfterJSONNull  []string                   `json:"afterJsonNull"`
+}
+
+// judge reads one envelope under v.
+func (v *view) judge(env []byte) (*viewChange, error) {
+	var im envelopeImages
+	if err := json.Unmarshal(env, &im); err != nil {
+		return nil, err
+	}
+	c := &viewChange{op: im.Op, now: filter.Matches, old: filter.Undecided}
+	switch im.Op {
+	case decoder.OpInsert, decoder.OpRead, decoder.OpUpdate, decoder.OpDelete:
+	default:
+		c.send = env // truncate and the rest: not about one row
+		return c, nil
+	}
+	newKey, err := canonicalKey(im.Key)
+	if err != nil {
+		return nil, err
+	}
+	c.newKey, c.oldKey = newKey, newKey
+	oldImage, oldNull := im.Key, []string(nil)
+	if im.Before != nil {
+		oldImage, oldNull = im.Before, im.BeforeJSONNull
+		if im.Op == decoder.OpUpdate {
+			k := make(map[string]json.RawMessage, len(v.keyCols))
+			for _, name := range v.keyCols {
+				if val, ok := im.Before[name]; ok {
+					k[name] = val
+				}
+			}
+			if len(k) == len(v.keyCols) {
+				if c.oldKey, err = canonicalKey(k); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	if im.Op == decoder.OpUpdate || im.Op == decoder.OpDelete {
+		c.old = filter.Matches // every row is in a view without a filter
+		if v.filter != nil {
+			c.old = v.filter.Match(filter.Row{Values: oldImage, JSONNull: oldNull})
+		}
+	}
+	if im.Op != decoder.OpDelete && v.filter != nil {
+		c.now = v.filter.Match(filter.Row{Values: im.After, Unchanged: im.Unchanged, JSONNull: im.AfterJSONNull})
+	}
+	for _, u := range im.Unchanged {
+		if v.proj == nil || v.proj.Has(u) {
+			c.holes = true
+			break
+		}
+	}
+	if v.proj == nil {
+		c.send = env
+	} else if c.send, err = v.project(env, &im); err != nil {
+		return nil, err
+	}
+	if im.Op == decoder.OpUpdate {
+		if c.remove, err = removal(env, c.oldKey); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// canonicalKey is a key image as one string: its JSON with the columns
+// sorted (json.Marshal sorts map keys), as the clients key their rows.
+func canonicalKey(k map[string]json.RawMessage) (string, error) {
+	if k == nil {
+		return "", nil
+	}
+	b, err := json.Marshal(k)
+	return string(b), err
+}
+
+// project cuts env's row images and column lists to v's columns.
+func (v *view) project(env []byte, im *envelopeImages) ([]byte, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(env, &top); err != nil {
+		return nil, err
+	}
+	set := func(name string, val any, empty bool) error {
+		if empty {
+			delete(top, name)
+			return nil
+		}
+		b, err := json.Marshal(val)
+		top[name] = b
+		return err
+	}
+	if im.After != nil {
+		if err := set("after", v.proj.Values(im.After), false); err != nil {
+			return nil, err
+		}
+	}
+	if im.Before != nil {
+		if err := set("before", v.proj.Values(im.Before), false); err != nil {
+			return nil, err
+		}
+	}
+	for _, l := range []struct {
+		name string
+		list []string
+	}{{"unchanged", im.Unchanged}, {"afterJsonNull", im.AfterJSONNull}, {"beforeJsonNull", im.BeforeJSONNull}} {
+		if l.list == nil {
+			continue
+		}
+		kept := v.proj.Names(l.list)
+		if err := set(l.name, kept, len(kept) == 0); err != nil {
+			return nil, err
+		}
+	}
+	return json.Marshal(top)
+}
+
+// removal is an update's envelope turned into the removal of the row's old
+// key from a view the new row is not in: op "delete", key and before the
+// old key, no after, and "left":"filter". Position, transaction and tenant
+// stay the update's.
+func removal(env []byte, oldKey string) ([]byte, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(env, &top); err != nil {
+		return nil, err
+	}
+	for _, f := range []string{"after", "unchanged", "afterJsonNull", "beforeJsonNull"} {
+		delete(top, f)
+	}
+	top["op"] = json.RawMessage(`"delete"`)
+	top["key"] = json.RawMessage(oldKey)
+	top["before"] = json.RawMessage(oldKey)
+	top["left"] = json.RawMessage(`"filter"`)
+	return json.Marshal(top)
+}
+
+// viewAction is what a member of a view gets for one change.
+type viewAction uint8
+
+const (
+	viewSkip   viewAction = iota // nothing: the row is not and was not in the view
+	viewSend                     // the change, as the view shows it
+	viewRemove                   // the removal of the row's old key
+	viewResync                   // the change cannot be judged: the client re-reads
+)
+
+// rowSet is what the node knows of the rows one client holds under a view:
+// their keys, exactly, while known; once unknown (the client resumed from a
+// cursor, was told to resync, or held more rows than the bound) the node
+// judges by the change's own images and, where they cannot tell, assumes
+// the client may hold the row.
+type rowSet struct {
+	known bool
+	keys  map[string]struct{}
+	max   int
+	// overflowed counts the sets that passed max (a node metric).
+	overflowed *atomic.Int64
+}
+
+// newRowSet is the set of a client that holds nothing yet (a fresh
+// subscription, or a snapshot about to send its rows).
+func newRowSet(max int, overflowed *atomic.Int64) *rowSet {
+	return &rowSet{known: true, keys: map[string]struct{}{}, max: max, overflowed: overflowed}
+}
+
+// forget makes the set unknown.
+func (r *rowSet) forget() {
+	r.known, r.keys = false, nil
+}
+
+func (r *rowSet) add(k string) {
+	if !r.known {
+		return
+	}
+	if _, ok := r.keys[k]; ok {
+		return
+	}
+	if r.max > 0 && len(r.keys) >= r.max {
+		r.forget()
+		if r.overflowed != nil {
+			r.overflowed.Add(1)
+		}
+		return
+	}
+	r.keys[k] = struct{}{}
+}
+
+func (r *rowSet) del(k string) {
+	if r.known {
+		delete(r.keys, k)
+	}
+}
+
+// held says whether the client holds the old row of c: 1 yes, 0 no, -1
+// cannot tell.
+func (r *rowSet) held(c *viewChange) int {
+	switch {
+	case r != nil && r.known:
+		if _, ok := r.keys[c.oldKey]; ok {
+			return 1
+		}
+		return 0
+	case c.old == filter.Matches:
+		return 1
+	case c.old == filter.NoMatch:
+		return 0
+	}
+	return -1
+}
+
+// apply decides c for a member whose rows r describes (nil: unknown) and
+// updates r. state: the member keeps the table's rows (it subscribed with
+// "snapshot":true), so a row it would hold with a hole must be read again.
+func (r *rowSet) apply(c *viewChange, state bool) (viewAction, []byte) {
+	switch c.op {
+	case decoder.OpInsert, decoder.OpRead:
+		switch c.now {
+		case filter.Matches:
+			if c.holes && state {
+				r.forgetIfSet()
+				return viewResync, nil
+			}
+			r.addIfSet(c.newKey)
+			return viewSend, c.send
+		case filter.NoMatch:
+			return viewSkip, nil
+		}
+		r.forgetIfSet()
+		return viewResync, nil
+	case decoder.OpUpdate:
+		held := r.held(c)
+		switch c.now {
+		case filter.Matches:
+			if c.holes && state && held != 1 {
+				r.forgetIfSet()
+				return viewResync, nil
+			}
+			r.delIfSet(c.oldKey)
+			r.addIfSet(c.newKey)
+			return viewSend, c.send
+		case filter.NoMatch:
+			if held == 0 {
+				return viewSkip, nil
+			}
+			r.delIfSet(c.oldKey)
+			return viewRemove, c.remove
+		}
+		r.forgetIfSet()
+		return viewResync, nil
+	case decoder.OpDelete:
+		if r.held(c) == 0 {
+			return viewSkip, nil
+		}
+		r.delIfSet(c.oldKey)
+		return viewSend, c.send
+	case decoder.OpTruncate:
+		if r != nil {
+			*r = rowSet{known: true, keys: map[string]struct{}{}, max: r.max, overflowed: r.overflowed}
+		}
+	}
+	return viewSend, c.send
+}
+
+func (r *rowSet) forgetIfSet() {
+	if r != nil {
+		r.forget()
+	}
+}
+
+func (r *rowSet) addIfSet(k string) {
+	if r != nil {
+		r.add(k)
+	}
+}
+
+func (r *rowSet) delIfSet(k string) {
+	if r != nil {
+		r.del(k)
+	}
+}
+
+// viewCache judges each change once per view in one pass over members.
+type viewCache struct {
+	m map[string]*viewChange
+}
+
+func (vc *viewCache) judge(v *view, env []byte) (*viewChange, error) {
+	if c := vc.m[v.text]; c != nil {
+		return c, nil
+	}
+	c, err := v.judge(env)
+	if err != nil {
+		return nil, err
+	}
+	if vc.m == nil {
+		vc.m = map[string]*viewChange{}
+	}
+	vc.m[v.text] = c
+	return c, nil
+}
+
+// openView checks a subscription's filter and column list against topic's
+// newest catalog entry: nil for a request of neither, else the view, or
+// the error code and message to answer with (bad-filter names the
+// problem; unavailable when the catalog cannot be read).
+func (n *Node) openView(ctx context.Context, topic string, req viewRequest) (v *view, code, msg string) {
+	if req.empty() {
+		return nil, "", ""
+	}
+	schema, table, ok := decoder.SplitEntity(topic)
+	if !ok {
+		return nil, "bad-topic", "topic is not schema.table"
+	}
+	e, found, err := n.j.Catalog(ctx, journal.Table{Schema: schema, Name: table})
+	if err != nil {
+		n.warnEvery("view-catalog", "cannot read the catalog for a filtered subscription", "topic", topic, "err", err)
+		return nil, "unavailable", "cannot read the table's columns now; retry"
+	}
+	v, err = compileView(e, found, req, n.cfg.FilterLimits)
+	if err != nil {
+		return nil, "bad-filter", err.Error()
+	}
+	return v, "", ""
+}
+
+// newRows is the row set of a member that holds nothing of v yet.
+func (n *Node) newRows() *rowSet {
+	r := newRowSet(n.cfg.MaxFilterRows, &n.stats.rowSetsOverflowed)
+	if n.cfg.MaxFilterRows < 0 {
+		r.forget()
+	}
+	return r
+}
+
+// viewLocked judges the live change c for m, a member of a view whose
+// scope c is in: the change to hold for m (c's envelope as the view shows
+// it, or its removal), or false when m gets nothing of it. A change the
+// view cannot judge makes m owe a resync at the end of c's transaction
+// (endedLocked): m then holds a change with no payload, which carries the
+// transaction's end without a frame. t.mu is held.
+func (m *member) viewLocked(enc *liveFrames, c *liveChange) (*liveChange, bool) {
+	st := &m.s.n.stats
+	vc, err := enc.views.judge(m.view, c.payload)
+	action, payload := viewResync, []byte(nil)
+	if err == nil {
+		action, payload = m.rows.apply(vc, m.snapshot)
+	}
+	switch action {
+	case viewSkip:
+		st.filterSkipped.Add(1)
+		return nil, false
+	case viewResync:
+		st.filterResyncs.Add(1)
+		m.rows.forget()
+		m.owesResync = true
+		return &liveChange{seq: c.seq, epoch: c.epoch, op: c.op, commit: c.commit}, true
+	case viewRemove:
+		st.filterRemovals.Add(1)
+	}
+	return enc.viewChange(m.view, action, c, payload), true
+}
+
+// viewCarry is a view member's change, judged on one catch-up page, whose
+// transaction goes on past the page (catchUp).
+type viewCarry struct {
+	c                     *liveChange // payload nil: a change the view could not judge
+	base, readFrom, epoch int64
+}
+
+// viewPageLocked turns a page of entries (readView) into m's frames: each
+// entry judged under m's view, in order, updating m's rows. A change is
+// sent without an end mark when a later change of its transaction reaches
+// m, else with the end mark and the cursor of its transaction's last entry
+// in the scope (which m may not get: the view can exclude it). A change
+// whose transaction goes on past the page is returned as the carry, for
+// the next page; a carry given is judged already and comes first. A
+// change the view cannot judge is a nil frame (catchUp makes the client
+// re-read at its transaction's end). t.mu is held.
+func (m *member) viewPageLocked(p readPage, carry *viewCarry, epoch int64) (readPage, *viewCarry) {
+	n := m.s.n
+	out := readPage{end: p.end, more: p.more}
+	var pend *liveChange
+	if carry != nil {
+		pend = carry.c
+	}
+	emit := func(c *liveChange, end bool, at int64) {
+		var f *frame
+		if c.payload != nil {
+			cur := ""
+			if end {
+				var err error
+				if cur, err = n.j.CursorAt(m.q, epoch, at); err != nil {
+					// Cannot happen for the journal's own position; drop
+					// what the node knows and let the client re-read.
+					c = &liveChange{seq: c.seq, op: c.op, commit: c.commit}
+				}
+			}
+			if c.payload != nil {
+				f = changeFrame(m.topic, cur, c.payload, end)
+			}
+		}
+		if !end {
+			at = c.seq
+		}
+		out.frames = append(out.frames, f)
+		out.seqs = append(out.seqs, at)
+		out.ends = append(out.ends, end)
+		if f != nil && c.op == decoder.OpTruncate {
+			if out.truncate == nil {
+				out.truncate = make([]bool, len(out.frames)-1, len(p.entries)+1)
+			}
+			out.truncate = append(out.truncate, true)
+		} else if out.truncate != nil {
+			out.truncate = append(out.truncate, false)
+		}
+	}
+	st := &n.stats
+	for _, e := range p.entries {
+		vc, err := m.view.judge(e.Envelope)
+		action, payload := viewResync, []byte(nil)
+		if err == nil {
+			action, payload = m.rows.apply(vc, m.snapshot)
+		}
+		var x *liveChange
+		switch action {
+		case viewSkip:
+			st.filterSkipped.Add(1)
+		case viewResync:
+			st.filterResyncs.Add(1)
+			m.rows.forget()
+			x = &liveChange{seq: e.Seq, op: e.Op, commit: e.CommitLSN.String()}
+		case viewRemove:
+			st.filterRemovals.Add(1)
+			fallthrough
+		default:
+			x = &liveChange{seq: e.Seq, op: e.Op, commit: e.CommitLSN.String(), payload: payload}
+		}
+		if x != nil {
+			if pend != nil {
+				emit(pend, false, 0)
+			}
+			pend = x
+		}
+		if e.TxnEnd && pend != nil {
+			emit(pend, true, e.Seq)
+			pend = nil
+		}
+	}
+	if pend != nil {
+		return out, &viewCarry{c: pend}
+	}
+	return out, nil
+}
+
+// viewRow is a snapshot row as v shows it (nil: not in the view), recorded
+// in held. A row the filter cannot judge (a value not in its type's form)
+// fails the snapshot: it can be neither sent nor left out exactly.
+func viewRow(v *view, held *rowSet, body []byte, st *syncStats) ([]byte, error) {
+	vc, err := v.judge(body)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot row: %w", err)
+	}
+	action, payload := held.apply(vc, true)
+	switch action {
+	case viewSkip:
+		st.filterSkipped.Add(1)
+		return nil, nil
+	case viewResync:
+		return nil, refused("a row of the table holds a value the filter cannot compare (key %s); subscribe with a filter that does not test that column", vc.newKey)
+	}
+	return payload, nil
+}
+
+// viewSnapshotChange is a change after a snapshot's rows as v shows it to
+// the snapshot's client, whose rows held records: nil when the client gets
+// nothing of it, empty when the view cannot judge it.
+func viewSnapshotChange(v *view, held *rowSet, env []byte, st *syncStats) []byte {
+	vc, err := v.judge(env)
+	if err != nil {
+		st.filterResyncs.Add(1)
+		return []byte{}
+	}
+	action, payload := held.apply(vc, true)
+	switch action {
+	case viewSkip:
+		st.filterSkipped.Add(1)
+		return nil
+	case viewResync:
+		st.filterResyncs.Add(1)
+		return []byte{}
+	case viewRemove:
+		st.filterRemovals.Add(1)
+	}
+	return payload
+}
+
+// fillBudget bounds the values one filtered snapshot keeps to fill the
+// unchanged columns of the changes after its rows (snapshotFills).
+const fillBudget = 64 << 20
+
+// fillMinBytes: values shorter than this are never kept, as PostgreSQL
+// stores such a value inline and so always sends it.
+const fillMinBytes = 64
+
+// snapshotFills keeps, during one filtered snapshot, the long values of the
+// columns its view keeps, of every row of the snapshot's scope (in the view
+// or not) as of the rows and then each change after them. A change after
+// the rows that leaves such a value unchanged (a TOASTed value PostgreSQL
+// did not resend) is filled from it before the view judges the change, so
+// a row that enters the view then arrives whole. Bounded by fillBudget;
+// past it the node keeps no more, and a change it cannot fill restarts the
+// snapshot.
+type snapshotFills struct {
+	v      *view
+	rows   map[string]map[string]json.RawMessage
+	bytes  int
+	capped bool
+}
+
+func newSnapshotFills(v *view) *snapshotFills {
+	return &snapshotFills{v: v, rows: map[string]map[string]json.RawMessage{}}
+}
+
+// note records the long values of env's new row image.
+func (f *snapshotFills) note(im *envelopeImages, key string) {
+	if im.Op == decoder.OpDelete {
+		f.forgetKey(key)
+		return
+	}
+	if im.After == nil {
+		return
+	}
+	var kept map[string]json.RawMessage
+	for col, val := range im.After {
+		if len(val) < fillMinBytes || (f.v.proj != nil && !f.v.proj.Has(col)) {
+			continue
+		}
+		if f.capped || f.bytes+len(val) > fillBudget {
+			f.capped = true
+			continue
+		}
+		if kept == nil {
+			kept = f.rows[key]
+			if kept == nil {
+				kept = map[string]json.RawMessage{}
+				f.rows[key] = kept
+			}
+		}
+		f.bytes += len(val) - len(kept[col])
+		kept[col] = slices.Clone(val)
+	}
+}
+
+func (f *snapshotFills) forgetKey(key string) {
+	for _, val := range f.rows[key] {
+		f.bytes -= len(val)
+	}
+	delete(f.rows, key)
+}
+
+// fill returns env with its unchanged columns filled from what f kept of
+// the row (the update's old key), and records its values. env is returned
+// as it is when it has no unchanged column or f lacks one of them.
+func (f *snapshotFills) fill(env []byte) []byte {
+	var im envelopeImages
+	if json.Unmarshal(env, &im) != nil {
+		return env
+	}
+	newKey, err := canonicalKey(im.Key)
+	if err != nil {
+		return env
+	}
+	oldKey := newKey
+	if im.Op == decoder.OpUpdate && im.Before != nil {
+		k := map[string]json.RawMessage{}
+		for _, name := range f.v.keyCols {
+			if val, ok := im.Before[name]; ok {
+				k[name] = val
+			}
+		}
+		if ok, _ := canonicalKey(k); ok != "" {
+			oldKey = ok
+		}
+	}
+	out := env
+	if len(im.Unchanged) > 0 && im.After != nil {
+		known := f.rows[oldKey]
+		var still []string
+		for _, u := range im.Unchanged {
+			if val, ok := known[u]; ok {
+				im.After[u] = val
+			} else {
+				still = append(still, u)
+			}
+		}
+		if len(still) < len(im.Unchanged) {
+			var top map[string]json.RawMessage
+			if json.Unmarshal(env, &top) == nil {
+				after, err1 := json.Marshal(im.After)
+				top["after"] = after
+				if len(still) == 0 {
+					delete(top, "unchanged")
+				} else {
+					top["unchanged"], _ = json.Marshal(still)
+				}
+				if b, err2 := json.Marshal(top); err1 == nil && err2 == nil {
+					out = b
+					im.Unchanged = still
+				}
+			}
+		}
+	}
+	if oldKey != newKey {
+		if kept := f.rows[oldKey]; kept != nil {
+			delete(f.rows, oldKey)
+			f.rows[newKey] = kept
+		}
+	}
+	f.note(&im, newKey)
+	return out
+}
