@@ -52,7 +52,7 @@ type readPage struct {
 	// members of a view (readView), which judge and encode them each.
 	entries []journal.Entry
 	end     int64 // position the read covered
-	more     bool
+	more    bool
 	// resync is set when the position needs a resync: the frame to send and
 	// the position (the horizon) to continue from.
 	resync      *frame
