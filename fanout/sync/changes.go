@@ -72,7 +72,20 @@ func (n *Node) serveChanges(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, topicStatus(code), code, msg)
 		return
 	}
+	vreq, msg := viewParams(qv, "filter", "columns")
+	if msg != "" {
+		writeJSONError(w, http.StatusBadRequest, "bad-filter", msg)
+		return
+	}
+	v, code, msg := n.openView(r.Context(), topic, vreq)
+	if code != "" {
+		writeJSONError(w, viewStatus(code), code, msg)
+		return
+	}
 	q := journal.Query{Entities: []string{topic}, Tenant: claims.Tenant, Cursor: qv.Get("cursor")}
+	if v != nil {
+		q.View = v.text
+	}
 	if c := qv.Get("continue"); c != "" {
 		if q.Cursor != "" || !strings.HasPrefix(c, continuePrefix) {
 			writeJSONError(w, http.StatusBadRequest, "bad-continue", "continue takes the continue value of a partial response, and no cursor with it")
@@ -99,7 +112,7 @@ func (n *Node) serveChanges(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusBadRequest, "bad-cursor", "cursor is malformed or not signed by this deployment; read without one")
 		return
 	case errors.Is(err, journal.ErrCursorScope):
-		writeJSONError(w, http.StatusBadRequest, "bad-cursor", "cursor was issued for another topic or tenant")
+		writeJSONError(w, http.StatusBadRequest, "bad-cursor", "cursor was issued for another topic, tenant, filter or column list")
 		return
 	case errors.Is(err, journal.ErrForeignJournal):
 		writeJSONError(w, http.StatusBadRequest, "bad-cursor", "cursor was issued by another journal")
@@ -129,10 +142,33 @@ func (n *Node) serveChanges(w http.ResponseWriter, r *http.Request) {
 		}
 		out.More = true
 	}
-	out.Changes = make([]json.RawMessage, len(res.Changes))
-	for i, e := range res.Changes {
-		out.Changes[i] = e.Envelope
+	if v != nil {
+		var resync bool
+		if out.Changes, resync = viewChanges(v, res.Changes, &n.stats); resync {
+			// A change the filter cannot judge (a value not in its
+			// type's form): the reader re-reads the rows, as after any
+			// resync, and continues from the horizon.
+			out = changesResponse{ResyncRequired: true, Reason: "filter", Horizon: res.Horizon, Changes: []json.RawMessage{}}
+			if out.ResyncCursor, err = n.j.CursorAt(q, res.Epoch, res.Horizon); err != nil {
+				writeJSONError(w, http.StatusServiceUnavailable, "unavailable", "cannot issue cursors; retry")
+				return
+			}
+		}
+	} else {
+		out.Changes = make([]json.RawMessage, len(res.Changes))
+		for i, e := range res.Changes {
+			out.Changes[i] = e.Envelope
+		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(out)
+}
+
+// viewStatus is the HTTP status of openView's error codes.
+func viewStatus(code string) int {
+	switch code {
+	case "bad-filter", "bad-topic":
+		return http.StatusBadRequest
+	}
+	return http.StatusServiceUnavailable
 }

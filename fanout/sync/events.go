@@ -57,6 +57,7 @@ type eventsTopic struct {
 	topic    string
 	cursor   string
 	snapshot bool
+	view     viewRequest // filter.<topic> and columns.<topic>
 }
 
 // parseEventsQuery reads the stream's topics and cursors (the query's and
@@ -86,6 +87,13 @@ func parseEventsQuery(r *http.Request) ([]eventsTopic, []string, string) {
 			topics[i].snapshot = true
 		}
 	}
+	for i := range topics {
+		v, msg := viewParams(q, "filter."+topics[i].topic, "columns."+topics[i].topic)
+		if msg != "" {
+			return nil, nil, msg
+		}
+		topics[i].view = v
+	}
 	cursors := q["cursor"]
 	if id := r.Header.Get("Last-Event-ID"); id != "" {
 		cursors = append([]string{id}, cursors...)
@@ -110,7 +118,7 @@ func (n *Node) matchCursors(topics []eventsTopic, cursors []string, tenant strin
 	}
 	byScope := make(map[[16]byte]int, len(topics))
 	for i := range topics {
-		cur, err := n.j.CursorAt(journal.Query{Entities: []string{topics[i].topic}, Tenant: tenant}, 0, 0)
+		cur, err := n.j.CursorAt(journal.Query{Entities: []string{topics[i].topic}, Tenant: tenant, View: topics[i].view.text()}, 0, 0)
 		if err != nil {
 			continue // no cursor can match it; the socket reports the topic itself
 		}
@@ -206,7 +214,7 @@ func (n *Node) serveEvents(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
 	w.WriteHeader(http.StatusOK)
-	es := &eventStream{n: n, w: w, rc: rc, conn: conn, cursors: map[string]string{}, poke: make(chan struct{}, 1),
+	es := &eventStream{n: n, w: w, rc: rc, conn: conn, cursors: map[string]string{}, views: map[string]viewRequest{}, poke: make(chan struct{}, 1),
 		inbound: newTokenBucket(n.cfg.InboundRate, n.cfg.InboundBurst, n.cfg.Clock)}
 	if err := es.comment("walcast event stream"); err != nil {
 		return
@@ -346,7 +354,8 @@ type eventStream struct {
 	inbound *tokenBucket // paces what the stream sends to its socket, so the node's inbound budget never closes it
 
 	mu      sync.Mutex        // guards the following fields
-	cursors map[string]string // topic → the last cursor forwarded
+	cursors map[string]string      // topic → the last cursor forwarded
+	views   map[string]viewRequest // topic → its filter and columns, sent again with each resubscription
 	resubs  []string          // topics owed a resubscription (after a replay-gap)
 
 	poke chan struct{} // tells pingLoop of resubs
@@ -354,10 +363,21 @@ type eventStream struct {
 
 // subFrame is the sub frame a stream sends its socket.
 type subFrame struct {
-	T        string `json:"t"`
-	Topic    string `json:"topic"`
-	Cursor   string `json:"cursor,omitempty"`
-	Snapshot bool   `json:"snapshot,omitempty"`
+	T        string          `json:"t"`
+	Topic    string          `json:"topic"`
+	Cursor   string          `json:"cursor,omitempty"`
+	Snapshot bool            `json:"snapshot,omitempty"`
+	Filter   json.RawMessage `json:"filter,omitempty"`
+	Columns  *[]string       `json:"columns,omitempty"`
+}
+
+// newSubFrame is the sub frame of topic with its filter and columns.
+func newSubFrame(topic, cursor string, snapshot bool, v viewRequest) subFrame {
+	f := subFrame{T: "sub", Topic: topic, Cursor: cursor, Snapshot: snapshot, Filter: v.filter}
+	if v.hasCols {
+		f.Columns = &v.columns
+	}
+	return f
 }
 
 // send writes a client frame to the socket within the node's inbound
@@ -389,8 +409,13 @@ func (es *eventStream) pingLoop(ctx context.Context, topics []eventsTopic) {
 	defer func() {
 		_ = es.conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
 	}()
+	es.mu.Lock()
 	for _, t := range topics {
-		if es.send(ctx, subFrame{T: "sub", Topic: t.topic, Cursor: t.cursor, Snapshot: t.snapshot}) != nil {
+		es.views[t.topic] = t.view
+	}
+	es.mu.Unlock()
+	for _, t := range topics {
+		if es.send(ctx, newSubFrame(t.topic, t.cursor, t.snapshot, t.view)) != nil {
 			return
 		}
 	}
@@ -412,9 +437,9 @@ func (es *eventStream) pingLoop(ctx context.Context, topics []eventsTopic) {
 			es.mu.Unlock()
 			for _, topic := range resubs {
 				es.mu.Lock()
-				cur := es.cursors[topic]
+				cur, v := es.cursors[topic], es.views[topic]
 				es.mu.Unlock()
-				if es.send(ctx, subFrame{T: "sub", Topic: topic, Cursor: cur}) != nil {
+				if es.send(ctx, newSubFrame(topic, cur, false, v)) != nil {
 					return
 				}
 			}

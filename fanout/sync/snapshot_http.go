@@ -39,6 +39,16 @@ func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, status, code, msg)
 		return
 	}
+	vreq, msg := viewParams(r.URL.Query(), "filter", "columns")
+	if msg != "" {
+		writeJSONError(w, http.StatusBadRequest, "bad-filter", msg)
+		return
+	}
+	v, code, msg := n.openView(r.Context(), topic, vreq)
+	if code != "" {
+		writeJSONError(w, viewStatus(code), code, msg)
+		return
+	}
 	if n.overloaded("memory") {
 		w.Header().Set("Retry-After", retryAfter(overloadRetry))
 		writeJSONError(w, http.StatusServiceUnavailable, "overloaded", overloadedMessage)
@@ -68,7 +78,10 @@ func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 	started := time.Now()
 	sink := &httpSink{w: w, rc: http.NewResponseController(w), timeout: n.cfg.WriteTimeout}
 	q := journal.Query{Entities: []string{topic}, Tenant: claims.Tenant}
-	res, err := n.readStateAgain(ctx, q, nil, "", sink)
+	if v != nil {
+		q.View = v.text
+	}
+	res, err := n.readStateAgain(ctx, q, v, "", sink)
 	if err == nil {
 		var cur string
 		if cur, err = n.j.CursorAt(q, res.epoch, res.pos); err == nil {
@@ -90,7 +103,7 @@ func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	n.snapshotEnded(snapshotOutcome(err), started)
 	var ref *errSnapshotRefused
-	msg := "the snapshot failed; retry"
+	msg = "the snapshot failed; retry"
 	if errors.As(err, &ref) {
 		msg = ref.msg
 	} else {

@@ -620,7 +620,7 @@ func (s *socket) subscribe(topic, cursor string, snapshot bool, vreq viewRequest
 			s.enqueue(errorFrame("bad-cursor", "cursor is malformed or not signed by this deployment; subscribe without one", topic), nil)
 			return
 		case errors.Is(err, journal.ErrCursorScope):
-			s.enqueue(errorFrame("bad-cursor", "cursor was issued for another topic or tenant", topic), nil)
+			s.enqueue(errorFrame("bad-cursor", "cursor was issued for another topic, tenant, filter or column list", topic), nil)
 			return
 		case errors.Is(err, journal.ErrForeignJournal):
 			s.enqueue(errorFrame("bad-cursor", "cursor was issued by another journal", topic), nil)

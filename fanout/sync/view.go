@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -24,10 +25,10 @@ type view struct {
 	filter  *filter.Filter     // nil: every row
 	proj    *filter.Projection // nil: every column
 	keyCols []string           // the table's key columns (replica identity)
-	// text is the view in one canonical form: the filter's JSON compacted
-	// and the kept columns. It binds cursors (journal.Query.View), so a
-	// cursor is never resumed under another filter, and names the view in
-	// a callback's cache.
+	// text is the request's canonical form (viewRequest.text). It binds
+	// cursors (journal.Query.View), so a cursor is never resumed under
+	// another filter or column list, and names the view in a callback's
+	// cache.
 	text string
 }
 
@@ -41,6 +42,35 @@ type viewRequest struct {
 }
 
 func (r viewRequest) empty() bool { return len(r.filter) == 0 && !r.hasCols }
+
+// text is the request in one canonical form, the view's text: the filter's
+// JSON compacted and the column list sorted. It binds cursors
+// (journal.Query.View), so it is computed from the request alone: an event
+// stream matches its cursors to its topics before any view is compiled.
+func (r viewRequest) text() string {
+	if r.empty() {
+		return ""
+	}
+	var b strings.Builder
+	if len(r.filter) > 0 {
+		var c bytes.Buffer
+		if json.Compact(&c, r.filter) == nil {
+			b.WriteString("f")
+			b.Write(c.Bytes())
+		} else {
+			b.WriteString("r")
+			b.Write(r.filter)
+		}
+	}
+	if r.hasCols {
+		cols := slices.Clone(r.columns)
+		slices.Sort(cols)
+		j, _ := json.Marshal(cols)
+		b.WriteString("\x00c")
+		b.Write(j)
+	}
+	return b.String()
+}
 
 // errViewRefused is a filter or column list the node refuses; its message
 // names the problem (a *filter.Error's path and message).
@@ -57,20 +87,16 @@ func compileView(e journal.CatalogEntry, ok bool, req viewRequest, lim filter.Li
 		return nil, &errViewRefused{msg: refusedMissing(entity).Error()}
 	}
 	cols := e.ColumnInfos()
-	v := &view{keyCols: e.KeyColumns()}
-	var text strings.Builder
-	if len(req.filter) > 0 && !bytes.Equal(bytes.TrimSpace(req.filter), []byte("null")) {
+	if bytes.Equal(bytes.TrimSpace(req.filter), []byte("null")) {
+		req.filter = nil
+	}
+	v := &view{keyCols: e.KeyColumns(), text: req.text()}
+	if len(req.filter) > 0 {
 		f, err := filter.Compile(req.filter, cols, lim)
 		if err != nil {
 			return nil, viewRefusal(err)
 		}
 		v.filter = f
-		var c bytes.Buffer
-		if err := json.Compact(&c, req.filter); err != nil {
-			return nil, &errViewRefused{msg: "filter: " + err.Error()}
-		}
-		text.WriteString("f")
-		text.Write(c.Bytes())
 	}
 	if req.hasCols {
 		p, err := filter.NewProjection(req.columns, cols)
@@ -78,11 +104,7 @@ func compileView(e journal.CatalogEntry, ok bool, req viewRequest, lim filter.Li
 			return nil, viewRefusal(err)
 		}
 		v.proj = p
-		b, _ := json.Marshal(p.Columns())
-		text.WriteString("\x00c")
-		text.Write(b)
 	}
-	v.text = text.String()
 	return v, nil
 }
 
@@ -741,4 +763,74 @@ func (f *snapshotFills) fill(env []byte) []byte {
 	}
 	f.note(&im, newKey)
 	return out
+}
+
+// maxViewParamBytes bounds a filter or column list given in a URL query;
+// the filter's own bound (filter.Limits.MaxBytes) applies after it.
+const maxViewParamBytes = 64 << 10
+
+// viewParams reads a filter and a column list from a URL query's
+// parameters named filterKey and colsKey: the filter as its JSON, the
+// columns as a JSON array or a comma-separated list (present and empty:
+// the key columns only). It returns a message for the client when they
+// are malformed.
+func viewParams(q url.Values, filterKey, colsKey string) (viewRequest, string) {
+	var r viewRequest
+	if fs, ok := q[filterKey]; ok {
+		if len(fs) > 1 {
+			return r, "give " + filterKey + " once"
+		}
+		if len(fs[0]) > maxViewParamBytes {
+			return r, fmt.Sprintf("%s is %d bytes, more than the limit of %d", filterKey, len(fs[0]), maxViewParamBytes)
+		}
+		r.filter = json.RawMessage(fs[0])
+		if !json.Valid(r.filter) {
+			return r, filterKey + " is not JSON; give the filter's JSON form, URL-encoded (docs/filters.md)"
+		}
+	}
+	if cs, ok := q[colsKey]; ok {
+		if len(cs) > 1 {
+			return r, "give " + colsKey + " once"
+		}
+		c := strings.TrimSpace(cs[0])
+		if len(c) > maxViewParamBytes {
+			return r, fmt.Sprintf("%s is %d bytes, more than the limit of %d", colsKey, len(c), maxViewParamBytes)
+		}
+		r.hasCols, r.columns = true, []string{}
+		switch {
+		case strings.HasPrefix(c, "["):
+			if err := json.Unmarshal([]byte(c), &r.columns); err != nil {
+				return r, colsKey + " is not a JSON array of column names"
+			}
+		case c != "":
+			r.columns = strings.Split(c, ",")
+		}
+	}
+	return r, ""
+}
+
+// viewChanges is a page of GET /v1/changes as v shows it to a reader the
+// node knows nothing of: each change judged alone (removals for every row
+// that may have left the view). resync: a change could not be judged.
+func viewChanges(v *view, entries []journal.Entry, st *syncStats) (out []json.RawMessage, resync bool) {
+	out = make([]json.RawMessage, 0, len(entries))
+	for _, e := range entries {
+		vc, err := v.judge(e.Envelope)
+		if err != nil {
+			return nil, true
+		}
+		action, payload := (*rowSet)(nil).apply(vc, false)
+		switch action {
+		case viewSkip:
+			st.filterSkipped.Add(1)
+			continue
+		case viewResync:
+			st.filterResyncs.Add(1)
+			return nil, true
+		case viewRemove:
+			st.filterRemovals.Add(1)
+		}
+		out = append(out, payload)
+	}
+	return out, false
 }

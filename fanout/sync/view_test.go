@@ -512,3 +512,135 @@ func TestFilteredSubscriptionsRandomized(t *testing.T) {
 		t.Errorf("the workload never made a filter skip a change or remove a row (%+v): the test tests nothing", st)
 	}
 }
+
+// TestFilterRefusedOnSub: hostile and mistaken filters and column lists on
+// a sub get an error frame naming the problem (bad-filter) and cost the
+// node nothing lasting; a pattern-like string is a plain value; a client
+// following the table meanwhile loses nothing. The inbound frame limit is
+// raised so that every input reaches the filter's own bounds.
+func TestFilterRefusedOnSub(t *testing.T) {
+	env := newStateEnvWith(t, func(_ *replication.Config, c *Config) {
+		c.MaxFrameBytes = 16 << 20
+		c.InboundBurst, c.InboundRate = 1000, 1000
+	}, itemsSetup...)
+	pgtest.MustExec(t, env.src, `INSERT INTO items VALUES (1, NULL, 'paid', 5, 'x')`)
+	waitFor(t, "items to be journaled", func() bool { return env.node.known("public.items") })
+	good := env.mustDial(itemsToken(t, ""))
+	good.send(map[string]any{"t": "sub", "topic": "public.items", "filter": json.RawMessage(`{"col":"status","op":"=","value":"paid"}`)})
+	good.expect("subscribed")
+
+	deep := strings.Repeat(`{"not":`, 10000) + `{"col":"status","op":"is null"}` + strings.Repeat("}", 10000)
+	var ors strings.Builder
+	ors.WriteString(`{"or":[`)
+	for i := range 10000 {
+		if i > 0 {
+			ors.WriteByte(',')
+		}
+		fmt.Fprintf(&ors, `{"col":"amount","op":"=","value":%d}`, i)
+	}
+	ors.WriteString("]}")
+	for _, tc := range []struct {
+		name    string
+		filter  string
+		columns any
+		want    string
+	}{
+		{"10 MB", `{"col":"status","op":"=","value":"` + strings.Repeat("x", 10<<20) + `"}`, nil, "more than the limit of 16384"},
+		// Deeper than encoding/json reads anything (10,000 levels): not
+		// JSON to the node, so the socket closes as for any such frame.
+		{"10,000 deep", deep, nil, "invalid JSON"},
+		{"10,000 or terms", ors.String(), nil, "more than the limit"},
+		{"unknown column", `{"col":"amout","op":">","value":1}`, nil, `column "amout" is not a published column`},
+		{"wrong type", `{"col":"amount","op":">","value":"many"}`, nil, `filter.value: column "amount" is int4`},
+		{"NaN for an integer", `{"col":"amount","op":">","value":"NaN"}`, nil, "filter.value"},
+		{"null value", `{"col":"status","op":"=","value":null}`, nil, `"op":"is null"`},
+		{"not an object", `5`, nil, "filter"},
+		{"raw control characters", "{\"col\":\"status\x01\",\"op\":\"=\",\"value\":1}", nil, "invalid JSON"},
+		{"escaped control characters", `{"col":"status\u0001\n","op":"=","value":"\u0007"}`, nil, "is not a published column"},
+		{"not UTF-8", "{\"col\":\"st\xffatus\",\"op\":\"=\",\"value\":1}", nil, "filter"},
+		{"unknown column in the list", "", []string{"status", "nope"}, `columns[1]: column "nope" is not a published column`},
+		{"column listed twice", "", []string{"status", "status"}, "listed twice"},
+		{"column list not a list", "", "status", "invalid JSON"},
+	} {
+		func() {
+			c := env.mustDial(itemsToken(t, ""))
+			f := map[string]any{"t": "sub", "topic": "public.items"}
+			if tc.filter != "" {
+				f["filter"] = json.RawMessage(tc.filter)
+			}
+			if tc.columns != nil {
+				f["columns"] = tc.columns
+			}
+			b, _ := json.Marshal(f)
+			if !json.Valid(b) || tc.name == "not UTF-8" || tc.name == "raw control characters" {
+				// Sent as written: the client's bytes, not Go's cleaned-up JSON.
+				b = []byte(`{"t":"sub","topic":"public.items","filter":` + tc.filter + `}`)
+			}
+			if err := c.c.WriteMessage(1, b); err != nil {
+				t.Fatal(err)
+			}
+			if tc.want == "invalid JSON" {
+				code, reason := c.expectClose()
+				if code != CloseBadFrame || !strings.Contains(reason, "invalid JSON") {
+					t.Errorf("%s: close %d %q, want %d invalid JSON frame", tc.name, code, reason, CloseBadFrame)
+				}
+				return
+			}
+			got := c.read()
+			if got.T != "error" || got.Code != "bad-filter" || !strings.Contains(got.Message, tc.want) {
+				t.Errorf("%s: got %+v, want a bad-filter error saying …%s…", tc.name, got, tc.want)
+			}
+			if len(got.Message) > 1024 {
+				t.Errorf("%s: the error message is %d bytes: an echo of the input?", tc.name, len(got.Message))
+			}
+		}()
+	}
+
+	// Characters that mean something in patterns are plain characters.
+	c := env.mustDial(itemsToken(t, ""))
+	c.send(map[string]any{"t": "sub", "topic": "public.items", "filter": json.RawMessage(`{"col":"status","op":"in","values":[".*","%","p_id"]}`)})
+	c.expect("subscribed")
+	pgtest.MustExec(t, env.src, `INSERT INTO items VALUES (2, NULL, 'paid', 6, 'y')`, `INSERT INTO items VALUES (3, NULL, '.*', 7, 'z')`)
+	if f := good.expect("change"); string(f.env.Key["id"]) != "2" {
+		t.Fatalf("the client that followed meanwhile got %s, want row 2", f.Change)
+	}
+	if f := c.expect("change"); string(f.env.Key["id"]) != "3" {
+		t.Fatalf("the pattern-like filter matched %s, want only row 3", f.Change)
+	}
+}
+
+// TestFilterCursorBoundToTheFilter: a cursor issued under one filter and
+// column list resumes under the same ones only; under another (or none) it
+// is refused, so a client never resumes a position counted under a filter
+// it no longer has.
+func TestFilterCursorBoundToTheFilter(t *testing.T) {
+	env := newStateEnv(t, itemsSetup...)
+	pgtest.MustExec(t, env.src, `INSERT INTO items VALUES (1, NULL, 'paid', 5, 'x')`)
+	waitFor(t, "items to be journaled", func() bool { return env.node.known("public.items") })
+	paid := json.RawMessage(`{"col":"status","op":"=","value":"paid"}`)
+	c := env.mustDial(itemsToken(t, ""))
+	c.send(map[string]any{"t": "sub", "topic": "public.items", "filter": paid, "columns": []string{"status"}})
+	cur := c.expect("subscribed").Cursor
+	for _, tc := range []struct {
+		name string
+		sub  map[string]any
+		want string
+	}{
+		{"same filter and columns", map[string]any{"filter": paid, "columns": []string{"status"}}, "subscribed"},
+		{"same, written with other spacing", map[string]any{"filter": json.RawMessage(`{ "col": "status", "op": "=", "value": "paid" }`), "columns": []string{"status"}}, "subscribed"},
+		{"another filter", map[string]any{"filter": json.RawMessage(`{"col":"status","op":"=","value":"void"}`), "columns": []string{"status"}}, "bad-cursor"},
+		{"other columns", map[string]any{"filter": paid}, "bad-cursor"},
+		{"no filter", map[string]any{}, "bad-cursor"},
+	} {
+		f := map[string]any{"t": "sub", "topic": "public.items", "cursor": cur}
+		for k, v := range tc.sub {
+			f[k] = v
+		}
+		d := env.mustDial(itemsToken(t, ""))
+		d.send(f)
+		got := d.read()
+		if got.T != tc.want && got.Code != tc.want {
+			t.Errorf("%s: got %+v, want %s", tc.name, got, tc.want)
+		}
+	}
+}
