@@ -353,10 +353,10 @@ type eventStream struct {
 	conn    *websocket.Conn
 	inbound *tokenBucket // paces what the stream sends to its socket, so the node's inbound budget never closes it
 
-	mu      sync.Mutex        // guards the following fields
+	mu      sync.Mutex             // guards the following fields
 	cursors map[string]string      // topic → the last cursor forwarded
 	views   map[string]viewRequest // topic → its filter and columns, sent again with each resubscription
-	resubs  []string          // topics owed a resubscription (after a replay-gap)
+	resubs  []string               // topics owed a resubscription (after a replay-gap)
 
 	poke chan struct{} // tells pingLoop of resubs
 }
