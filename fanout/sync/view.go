@@ -43,23 +43,30 @@ type viewRequest struct {
 
 func (r viewRequest) empty() bool { return len(r.filter) == 0 && !r.hasCols }
 
-// text is the request in one canonical form, the view's text: the filter's
-// JSON compacted and the column list sorted. It binds cursors
-// (journal.Query.View), so it is computed from the request alone: an event
-// stream matches its cursors to its topics before any view is compiled.
+// text is the request in one canonical form, the view's text: the filter
+// decoded and encoded again (objects' keys sorted, strings' escapes and
+// numbers' spelling as json.Marshal writes them, no HTML escaping), and
+// the column list sorted. It binds cursors (journal.Query.View), so it is
+// computed from the request alone: an event stream matches its cursors to
+// its topics before any view is compiled. Callers bound the filter's size
+// first.
 func (r viewRequest) text() string {
 	if r.empty() {
 		return ""
 	}
 	var b strings.Builder
 	if len(r.filter) > 0 {
+		b.WriteString("f")
+		d := json.NewDecoder(bytes.NewReader(r.filter))
+		d.UseNumber()
+		var v any
 		var c bytes.Buffer
-		if json.Compact(&c, r.filter) == nil {
-			b.WriteString("f")
-			b.Write(c.Bytes())
+		enc := json.NewEncoder(&c)
+		enc.SetEscapeHTML(false)
+		if d.Decode(&v) == nil && enc.Encode(v) == nil {
+			b.Write(bytes.TrimSpace(c.Bytes()))
 		} else {
-			b.WriteString("r")
-			b.Write(r.filter)
+			b.Write(r.filter) // refused by Compile anyway
 		}
 	}
 	if r.hasCols {
@@ -90,7 +97,7 @@ func compileView(e journal.CatalogEntry, ok bool, req viewRequest, lim filter.Li
 	if bytes.Equal(bytes.TrimSpace(req.filter), []byte("null")) {
 		req.filter = nil
 	}
-	v := &view{keyCols: e.KeyColumns(), text: req.text()}
+	v := &view{keyCols: e.KeyColumns()}
 	if len(req.filter) > 0 {
 		f, err := filter.Compile(req.filter, cols, lim)
 		if err != nil {
@@ -105,6 +112,7 @@ func compileView(e journal.CatalogEntry, ok bool, req viewRequest, lim filter.Li
 		}
 		v.proj = p
 	}
+	v.text = req.text() // after Compile has bounded the filter
 	return v, nil
 }
 
