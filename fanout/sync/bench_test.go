@@ -45,7 +45,8 @@ func init() {
 // subscribes each to public.orders, prints "ready", then in mode "count"
 // prints "all <k>" each time every socket has received k changes; in mode
 // "latency" it records now-commitTime of every delivery and prints the
-// percentiles when stdin closes.
+// percentiles when stdin closes; in mode "drain" it only reads, and in mode
+// "filter" socket i subscribes with the filter id = i mod 100 and reads.
 func benchClient(spec string) int {
 	p := strings.Split(spec, "|")
 	url, tok, mode := p[0], p[1], p[3]
@@ -74,7 +75,11 @@ func benchClient(spec string) int {
 				failed.Add(1)
 				return
 			}
-			_ = c.WriteMessage(websocket.TextMessage, []byte(`{"t":"sub","topic":"public.orders"}`))
+			sub := `{"t":"sub","topic":"public.orders"}`
+			if mode == "filter" {
+				sub = fmt.Sprintf(`{"t":"sub","topic":"public.orders","filter":{"col":"id","op":"=","value":%d}}`, i%100)
+			}
+			_ = c.WriteMessage(websocket.TextMessage, []byte(sub))
 			if _, _, err := c.ReadMessage(); err != nil {
 				failed.Add(1)
 				return
@@ -106,7 +111,7 @@ func benchClient(spec string) int {
 					return
 				}
 				switch {
-				case mode == "count", idx%20 != 0:
+				case mode != "latency", idx%20 != 0:
 					for {
 						if _, err := r.Read(buf); err != nil {
 							break

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"slices"
 	"strings"
@@ -138,10 +139,50 @@ type viewChange struct {
 	// holes: the new image lacks the value of a column the view keeps
 	// (listed in unchanged: a TOASTed value PostgreSQL did not resend).
 	holes bool
+
+	v *view
+	p *parsedChange
 	// send is the change as the view shows it (its images cut to the kept
 	// columns); remove is an update's removal of its old key from the view
-	// (a delete of that key, marked "left":"filter").
+	// (a delete of that key, marked "left":"filter"). Each is encoded
+	// when first asked for (payload), as most changes need neither.
 	send, remove []byte
+}
+
+// payload is what a member gets for action: the change as the view shows
+// it, or its removal; nil when it cannot be encoded.
+func (c *viewChange) payload(a viewAction) []byte {
+	var err error
+	switch a {
+	case viewSend:
+		if c.send == nil {
+			if c.v.proj == nil || !c.p.rowOp() {
+				c.send = c.p.raw
+			} else if c.send, err = c.v.project(c.p); err != nil {
+				c.send = nil
+			}
+		}
+		return c.send
+	case viewRemove:
+		if c.remove == nil {
+			if c.remove, err = removal(c.p, c.oldKey); err != nil {
+				c.remove = nil
+			}
+		}
+		return c.remove
+	}
+	return nil
+}
+
+// decide is r.apply (r may be nil: nothing known) with the payload of its
+// action; an action whose payload cannot be encoded is a resync.
+func (c *viewChange) decide(r *rowSet, state bool) (viewAction, []byte) {
+	a := r.apply(c, state)
+	p := c.payload(a)
+	if p == nil && (a == viewSend || a == viewRemove) {
+		return viewResync, nil
+	}
+	return a, p
 }
 
 // envelopeImages are the parts of an envelope a view reads.
@@ -155,24 +196,64 @@ type envelopeImages struct {
 	AfterJSONNull  []string                   `json:"afterJsonNull"`
 }
 
-// judge reads one envelope under v.
-func (v *view) judge(env []byte) (*viewChange, error) {
-	var im envelopeImages
-	if err := json.Unmarshal(env, &im); err != nil {
+// parsedChange is one envelope decoded once for every view that judges it.
+type parsedChange struct {
+	raw    []byte
+	im     envelopeImages
+	newKey string
+	top    map[string]json.RawMessage // the whole envelope, decoded when a view rewrites it
+}
+
+func parseChange(env []byte) (*parsedChange, error) {
+	p := &parsedChange{raw: env}
+	if err := json.Unmarshal(env, &p.im); err != nil {
 		return nil, err
 	}
-	c := &viewChange{op: im.Op, now: filter.Matches, old: filter.Undecided}
-	switch im.Op {
-	case decoder.OpInsert, decoder.OpRead, decoder.OpUpdate, decoder.OpDelete:
-	default:
-		c.send = env // truncate and the rest: not about one row
-		return c, nil
+	if p.rowOp() {
+		var err error
+		if p.newKey, err = canonicalKey(p.im.Key); err != nil {
+			return nil, err
+		}
 	}
-	newKey, err := canonicalKey(im.Key)
+	return p, nil
+}
+
+// rowOp: the change is about one row (not a truncate or the rest).
+func (p *parsedChange) rowOp() bool {
+	switch p.im.Op {
+	case decoder.OpInsert, decoder.OpRead, decoder.OpUpdate, decoder.OpDelete:
+		return true
+	}
+	return false
+}
+
+// fields is a fresh copy of the envelope's top-level fields, to rewrite.
+func (p *parsedChange) fields() (map[string]json.RawMessage, error) {
+	if p.top == nil {
+		if err := json.Unmarshal(p.raw, &p.top); err != nil {
+			return nil, err
+		}
+	}
+	return maps.Clone(p.top), nil
+}
+
+// judge reads one envelope under v.
+func (v *view) judge(env []byte) (*viewChange, error) {
+	p, err := parseChange(env)
 	if err != nil {
 		return nil, err
 	}
-	c.newKey, c.oldKey = newKey, newKey
+	return v.judgeParsed(p)
+}
+
+// judgeParsed judges p under v: filters and keys only, nothing encoded.
+func (v *view) judgeParsed(p *parsedChange) (*viewChange, error) {
+	im := &p.im
+	c := &viewChange{op: im.Op, now: filter.Matches, old: filter.Undecided, v: v, p: p}
+	if !p.rowOp() {
+		return c, nil // truncate and the rest: not about one row
+	}
+	c.newKey, c.oldKey = p.newKey, p.newKey
 	oldImage, oldNull := im.Key, []string(nil)
 	if im.Before != nil {
 		oldImage, oldNull = im.Before, im.BeforeJSONNull
@@ -184,6 +265,7 @@ func (v *view) judge(env []byte) (*viewChange, error) {
 				}
 			}
 			if len(k) == len(v.keyCols) {
+				var err error
 				if c.oldKey, err = canonicalKey(k); err != nil {
 					return nil, err
 				}
@@ -205,16 +287,6 @@ func (v *view) judge(env []byte) (*viewChange, error) {
 			break
 		}
 	}
-	if v.proj == nil {
-		c.send = env
-	} else if c.send, err = v.project(env, &im); err != nil {
-		return nil, err
-	}
-	if im.Op == decoder.OpUpdate {
-		if c.remove, err = removal(env, c.oldKey); err != nil {
-			return nil, err
-		}
-	}
 	return c, nil
 }
 
@@ -228,10 +300,11 @@ func canonicalKey(k map[string]json.RawMessage) (string, error) {
 	return string(b), err
 }
 
-// project cuts env's row images and column lists to v's columns.
-func (v *view) project(env []byte, im *envelopeImages) ([]byte, error) {
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(env, &top); err != nil {
+// project cuts p's row images and column lists to v's columns.
+func (v *view) project(p *parsedChange) ([]byte, error) {
+	im := &p.im
+	top, err := p.fields()
+	if err != nil {
 		return nil, err
 	}
 	set := func(name string, val any, empty bool) error {
@@ -272,9 +345,9 @@ func (v *view) project(env []byte, im *envelopeImages) ([]byte, error) {
 // key from a view the new row is not in: op "delete", key and before the
 // old key, no after, and "left":"filter". Position, transaction and tenant
 // stay the update's.
-func removal(env []byte, oldKey string) ([]byte, error) {
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(env, &top); err != nil {
+func removal(p *parsedChange, oldKey string) ([]byte, error) {
+	top, err := p.fields()
+	if err != nil {
 		return nil, err
 	}
 	for _, f := range []string{"after", "unchanged", "afterJsonNull", "beforeJsonNull"} {
@@ -364,54 +437,54 @@ func (r *rowSet) held(c *viewChange) int {
 // apply decides c for a member whose rows r describes (nil: unknown) and
 // updates r. state: the member keeps the table's rows (it subscribed with
 // "snapshot":true), so a row it would hold with a hole must be read again.
-func (r *rowSet) apply(c *viewChange, state bool) (viewAction, []byte) {
+func (r *rowSet) apply(c *viewChange, state bool) viewAction {
 	switch c.op {
 	case decoder.OpInsert, decoder.OpRead:
 		switch c.now {
 		case filter.Matches:
 			if c.holes && state {
 				r.forgetIfSet()
-				return viewResync, nil
+				return viewResync
 			}
 			r.addIfSet(c.newKey)
-			return viewSend, c.send
+			return viewSend
 		case filter.NoMatch:
-			return viewSkip, nil
+			return viewSkip
 		}
 		r.forgetIfSet()
-		return viewResync, nil
+		return viewResync
 	case decoder.OpUpdate:
 		held := r.held(c)
 		switch c.now {
 		case filter.Matches:
 			if c.holes && state && held != 1 {
 				r.forgetIfSet()
-				return viewResync, nil
+				return viewResync
 			}
 			r.delIfSet(c.oldKey)
 			r.addIfSet(c.newKey)
-			return viewSend, c.send
+			return viewSend
 		case filter.NoMatch:
 			if held == 0 {
-				return viewSkip, nil
+				return viewSkip
 			}
 			r.delIfSet(c.oldKey)
-			return viewRemove, c.remove
+			return viewRemove
 		}
 		r.forgetIfSet()
-		return viewResync, nil
+		return viewResync
 	case decoder.OpDelete:
 		if r.held(c) == 0 {
-			return viewSkip, nil
+			return viewSkip
 		}
 		r.delIfSet(c.oldKey)
-		return viewSend, c.send
+		return viewSend
 	case decoder.OpTruncate:
 		if r != nil {
 			*r = rowSet{known: true, keys: map[string]struct{}{}, max: r.max, overflowed: r.overflowed}
 		}
 	}
-	return viewSend, c.send
+	return viewSend
 }
 
 func (r *rowSet) forgetIfSet() {
@@ -432,8 +505,10 @@ func (r *rowSet) delIfSet(k string) {
 	}
 }
 
-// viewCache judges each change once per view in one pass over members.
+// viewCache judges one change once per view in one pass over members,
+// decoding it once for all of them.
 type viewCache struct {
+	p *parsedChange
 	m map[string]*viewChange
 }
 
@@ -441,7 +516,14 @@ func (vc *viewCache) judge(v *view, env []byte) (*viewChange, error) {
 	if c := vc.m[v.text]; c != nil {
 		return c, nil
 	}
-	c, err := v.judge(env)
+	if vc.p == nil {
+		p, err := parseChange(env)
+		if err != nil {
+			return nil, err
+		}
+		vc.p = p
+	}
+	c, err := v.judgeParsed(vc.p)
 	if err != nil {
 		return nil, err
 	}
@@ -496,7 +578,7 @@ func (m *member) viewLocked(enc *liveFrames, c *liveChange) (*liveChange, bool) 
 	vc, err := enc.views.judge(m.view, c.payload)
 	action, payload := viewResync, []byte(nil)
 	if err == nil {
-		action, payload = m.rows.apply(vc, m.snapshot)
+		action, payload = vc.decide(m.rows, m.snapshot)
 	}
 	switch action {
 	case viewSkip:
@@ -572,7 +654,7 @@ func (m *member) viewPageLocked(p readPage, carry *viewCarry, epoch int64) (read
 		vc, err := m.view.judge(e.Envelope)
 		action, payload := viewResync, []byte(nil)
 		if err == nil {
-			action, payload = m.rows.apply(vc, m.snapshot)
+			action, payload = vc.decide(m.rows, m.snapshot)
 		}
 		var x *liveChange
 		switch action {
@@ -613,7 +695,7 @@ func viewRow(v *view, held *rowSet, body []byte, st *syncStats) ([]byte, error) 
 	if err != nil {
 		return nil, fmt.Errorf("snapshot row: %w", err)
 	}
-	action, payload := held.apply(vc, true)
+	action, payload := vc.decide(held, true)
 	switch action {
 	case viewSkip:
 		st.filterSkipped.Add(1)
@@ -633,7 +715,7 @@ func viewSnapshotChange(v *view, held *rowSet, env []byte, st *syncStats) []byte
 		st.filterResyncs.Add(1)
 		return []byte{}
 	}
-	action, payload := held.apply(vc, true)
+	action, payload := vc.decide(held, true)
 	switch action {
 	case viewSkip:
 		st.filterSkipped.Add(1)
@@ -827,7 +909,7 @@ func viewChanges(v *view, entries []journal.Entry, st *syncStats) (out []json.Ra
 		if err != nil {
 			return nil, true
 		}
-		action, payload := (*rowSet)(nil).apply(vc, false)
+		action, payload := vc.decide(nil, false)
 		switch action {
 		case viewSkip:
 			st.filterSkipped.Add(1)
