@@ -7,7 +7,9 @@
 // closes for an expired token (4100), fetches a new one and reconnects at
 // once. Close codes follow docs/sync.md ("Tokens and close codes").
 // SubscribeSnapshot asks for a topic's current rows before its changes, and
-// State (state.go) keeps them as a map of rows by key.
+// State (state.go) keeps them as a map of rows by key. SubscribeWith also
+// narrows a subscription to the rows a filter matches and to some columns,
+// and sends that filter and column list again with every resubscription.
 //
 // Transactions: a topic's changes come out of Next one source transaction
 // at a time. The client holds a transaction's change frames until the
@@ -23,12 +25,14 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -60,7 +64,7 @@ type Event struct {
 	Topic  string
 	Cursor string          // the topic's cursor after this event; for EventChange, set only when End
 	End    bool            // for EventChange: the last change of its transaction on the topic
-	Change json.RawMessage // the envelope, for EventChange and EventRow (op "read")
+	Change json.RawMessage // the envelope, for EventChange and EventRow (op "read"); a row leaving a filter is a delete with "left":"filter"
 	Seq    int64           // the envelope's seq, for EventChange
 	Code   string          // for EventError
 	Msg    string          // for EventError
@@ -171,6 +175,10 @@ type topicState struct {
 	cursor   string
 	lastSeq  int64
 	snapshot bool // subscribed with SubscribeSnapshot
+	// The subscription's view, sent with every sub: filter compacted (nil:
+	// every row), columns (nil: every column; empty: the key columns only).
+	filter  json.RawMessage
+	columns []string
 
 	// The transaction being received (session only, under Client.mu):
 	// its changes so far, their bytes, and whether it went over the
@@ -291,21 +299,89 @@ func tokenExpiry(tok string) time.Time {
 	return time.Unix(0, int64(claims.Exp*float64(time.Second)))
 }
 
-// Subscribe follows topic from cursor ("" for now). It is remembered across
-// reconnects.
-func (c *Client) Subscribe(topic, cursor string) error {
+// SubscribeOptions say how SubscribeWith follows a topic.
+type SubscribeOptions struct {
+	// Cursor resumes after this cursor ("" resumes from the one the
+	// client holds for the topic, or starts from now). A cursor is bound
+	// to the filter and column list it was issued under: given another
+	// Filter or Columns, the node refuses it (bad-cursor).
+	Cursor string
+	// Snapshot asks for the topic's current rows before its changes (the
+	// token needs the claim "snapshot": true); see SubscribeSnapshot.
+	Snapshot bool
+	// Filter is a row filter in the language of docs/filters.md, as JSON
+	// (`{"col":"status","op":"=","value":"paid"}`); nil for every row. The
+	// subscription then receives only the rows it matches, and a row that
+	// stops matching as a removal: an EventChange whose envelope has op
+	// "delete", the old key in key and before, and "left":"filter".
+	Filter json.RawMessage
+	// Columns lists the published columns wanted of each row image. nil
+	// means every column; an empty, non-nil list (`[]string{}`) the key
+	// columns only. The key columns are always included.
+	Columns []string
+}
+
+// SubscribeWith follows topic as o says, replacing what an earlier
+// subscription of the topic asked for. The filter and column list are
+// kept with the topic and sent again on every resubscription the client
+// makes itself (a reconnect, a replay-gap, a fresh snapshot after a
+// resync), so its cursors stay valid. Changing the filter or the column
+// list of a subscribed topic drops the cursor the client held for it
+// (unless o.Cursor gives one), as that cursor belongs to the old view.
+//
+// A filter or column list the node refuses comes back from Next as an
+// EventError with Code "bad-filter" and a Msg that names the problem
+// (`filter.value: column "amount" is int4; …`); the topic is then not
+// subscribed, and the client asks again only after a reconnect: call
+// SubscribeWith with a corrected view, or Unsubscribe.
+func (c *Client) SubscribeWith(topic string, o SubscribeOptions) error {
+	filter, err := compactFilter(o.Filter)
+	if err != nil {
+		return err
+	}
 	c.mu.Lock()
 	st := c.topics[topic]
 	if st == nil {
 		st = &topicState{}
 		c.topics[topic] = st
 	}
-	if cursor != "" {
-		st.cursor = cursor
+	if !bytes.Equal(st.filter, filter) || !sameColumns(st.columns, o.Columns) {
+		st.cursor = "" // bound to the old view
 	}
-	cursor = st.cursor
+	st.snapshot, st.filter, st.columns = o.Snapshot, filter, slices.Clone(o.Columns)
+	if o.Cursor != "" {
+		st.cursor = o.Cursor
+	}
+	f := st.subFrame(topic, st.cursor, st.snapshot)
 	c.mu.Unlock()
-	return c.send(subFrame(topic, cursor, false))
+	return c.send(f)
+}
+
+// compactFilter checks that f is one JSON value and returns a compact copy
+// of it; nil for no filter (nil, empty, or JSON null).
+func compactFilter(f json.RawMessage) (json.RawMessage, error) {
+	t := bytes.TrimSpace(f)
+	if len(t) == 0 || bytes.Equal(t, []byte("null")) {
+		return nil, nil
+	}
+	var b bytes.Buffer
+	if err := json.Compact(&b, t); err != nil {
+		return nil, fmt.Errorf("subscription filter is not JSON: %w", err)
+	}
+	return b.Bytes(), nil
+}
+
+// sameColumns reports whether two column lists ask for the same columns,
+// telling nil (every column) from empty (the key columns only).
+func sameColumns(a, b []string) bool {
+	return (a == nil) == (b == nil) && slices.Equal(a, b)
+}
+
+// Subscribe follows topic from cursor ("" for now), every row and column.
+// It is remembered across reconnects. It is SubscribeWith without a
+// snapshot, filter or column list.
+func (c *Client) Subscribe(topic, cursor string) error {
+	return c.SubscribeWith(topic, SubscribeOptions{Cursor: cursor})
 }
 
 // SubscribeSnapshot follows topic with its current rows first (the token
@@ -316,42 +392,43 @@ func (c *Client) Subscribe(topic, cursor string) error {
 // snapshots only when it can no longer serve it. After a reconnect the
 // client resumes the same way; a reconnect in the middle of a snapshot,
 // before its snapshot-end, asks for a fresh one. Any resync of the topic
-// the node answers with a fresh snapshot.
+// the node answers with a fresh snapshot. It is SubscribeWith with
+// Snapshot and neither filter nor column list.
 func (c *Client) SubscribeSnapshot(topic, cursor string) error {
+	return c.SubscribeWith(topic, SubscribeOptions{Cursor: cursor, Snapshot: true})
+}
+
+// resnapshot asks for a fresh snapshot of topic, dropping its cursor; the
+// topic's filter and column list go with it.
+func (c *Client) resnapshot(topic string) error {
 	c.mu.Lock()
 	st := c.topics[topic]
 	if st == nil {
-		st = &topicState{}
-		c.topics[topic] = st
+		c.mu.Unlock()
+		return nil
 	}
-	st.snapshot = true
-	if cursor != "" {
-		st.cursor = cursor
-	}
-	cursor = st.cursor
+	st.snapshot, st.cursor, st.lastSeq, st.endSeq = true, "", 0, 0
+	st.txn, st.txnBytes, st.txnOver = nil, 0, false
+	f := st.subFrame(topic, "", true)
 	c.mu.Unlock()
-	return c.send(subFrame(topic, cursor, true))
+	return c.send(f)
 }
 
-// resnapshot asks for a fresh snapshot of topic, dropping its cursor.
-func (c *Client) resnapshot(topic string) error {
-	c.mu.Lock()
-	if st := c.topics[topic]; st != nil {
-		st.snapshot, st.cursor, st.lastSeq, st.endSeq = true, "", 0, 0
-		st.txn, st.txnBytes, st.txnOver = nil, 0, false
-	}
-	c.mu.Unlock()
-	return c.send(subFrame(topic, "", true))
-}
-
-// subFrame is {"t":"sub",…}, without an empty cursor.
-func subFrame(topic, cursor string, snapshot bool) map[string]any {
+// subFrame is {"t":"sub",…} for topic with the topic's filter and column
+// list, without an empty cursor. Client.mu is held.
+func (st *topicState) subFrame(topic, cursor string, snapshot bool) map[string]any {
 	f := map[string]any{"t": "sub", "topic": topic}
 	if cursor != "" {
 		f["cursor"] = cursor
 	}
 	if snapshot {
 		f["snapshot"] = true
+	}
+	if st.filter != nil {
+		f["filter"] = st.filter
+	}
+	if st.columns != nil {
+		f["columns"] = st.columns
 	}
 	return f
 }
@@ -526,7 +603,7 @@ func (c *Client) run(conn *websocket.Conn) {
 		var subs []map[string]any
 		for t, st := range c.topics {
 			st.dropTxn() // resumed from the cursor, its last boundary
-			subs = append(subs, subFrame(t, st.cursor, st.snapshot))
+			subs = append(subs, st.subFrame(t, st.cursor, st.snapshot))
 		}
 		c.mu.Unlock()
 		for _, f := range subs {
@@ -674,9 +751,9 @@ func (c *Client) session(conn *websocket.Conn) error {
 				if cur == "" {
 					cur = f.Cursor
 				}
-				snap := st.snapshot
+				sub := st.subFrame(f.Topic, cur, st.snapshot)
 				c.mu.Unlock()
-				_ = c.send(subFrame(f.Topic, cur, snap))
+				_ = c.send(sub)
 				c.mu.Lock()
 			}
 		case "resync":

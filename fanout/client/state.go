@@ -28,7 +28,9 @@ type Row map[string]json.RawMessage
 // column names sorted), the same for a row and for every later change of
 // it. An update that changes the key (or moves the row out of the
 // client's tenant, which the journal delivers as a delete) removes the old
-// key. Columns an update leaves unchanged (TOASTed values Postgres did not
+// key. A row that leaves a filtered subscription's filter comes as a
+// delete of its old key marked "left":"filter", and is removed the same
+// way. Columns an update leaves unchanged (TOASTed values Postgres did not
 // send, the envelope's "unchanged") keep the value the state held.
 type State struct {
 	c *Client
@@ -53,12 +55,23 @@ func NewState(c *Client) *State {
 
 // Subscribe follows topic's rows, then its changes.
 func (s *State) Subscribe(topic string) error {
+	return s.SubscribeWith(topic, SubscribeOptions{})
+}
+
+// SubscribeWith follows the rows of topic that o.Filter matches, with the
+// columns o.Columns lists (Client.SubscribeWith), then their changes; a
+// snapshot is always asked for (o.Snapshot is ignored). A row that stops
+// matching the filter arrives as a removal (a delete marked
+// "left":"filter") and leaves the state like a deleted row. The filter and
+// column list go with every fresh snapshot State asks for after a resync.
+func (s *State) SubscribeWith(topic string, o SubscribeOptions) error {
 	s.mu.Lock()
 	if s.topics[topic] == nil {
 		s.topics[topic] = &tableState{rows: map[string]Row{}}
 	}
 	s.mu.Unlock()
-	return s.c.SubscribeSnapshot(topic, "")
+	o.Snapshot = true
+	return s.c.SubscribeWith(topic, o)
 }
 
 // Unsubscribe stops following topic and forgets its rows.

@@ -158,3 +158,21 @@ func TestStateAppliesTransactionsWhole(t *testing.T) {
 		t.Fatalf("after a resync: %v", vals(s))
 	}
 }
+
+// A row that leaves a filter comes as a delete of its old key marked
+// "left":"filter" (key and before the old key, no after): State removes it,
+// inside a transaction as well as at its end.
+func TestStateAppliesRemovals(t *testing.T) {
+	s := stateWith("t")
+	mustApply(t, s, Event{Type: EventSnapshotBegin, Topic: "t"},
+		ev(EventRow, `{"op":"read","key":{"id":1},"after":{"id":1,"v":"a"}}`),
+		ev(EventRow, `{"op":"read","key":{"id":2},"after":{"id":2,"v":"b"}}`),
+		ev(EventRow, `{"op":"read","key":{"id":3},"after":{"id":3,"v":"c"}}`),
+		Event{Type: EventSnapshotEnd, Topic: "t", Cursor: "c0"})
+	end := ev(EventChange, `{"op":"delete","key":{"id":2},"before":{"id":2},"left":"filter"}`)
+	end.Cursor, end.End = "c1", true
+	mustApply(t, s, ev(EventChange, `{"op":"delete","key":{"id":1},"before":{"id":1},"left":"filter"}`), end)
+	if !maps.Equal(vals(s), map[string]string{`{"id":3}`: `"c"`}) {
+		t.Fatalf("after removals: %v", vals(s))
+	}
+}

@@ -1,5 +1,5 @@
 import { Backoff, type BackoffOptions } from './backoff.js';
-import { closeAction, type ClientFrame, type Envelope, type Row, type ServerFrame } from './frames.js';
+import { closeAction, type ClientFrame, type Envelope, type Filter, type Row, type ServerFrame } from './frames.js';
 import { MemoryCursorStore, type CursorStore } from './store.js';
 import { WalcastError } from './errors.js';
 import { live, type LiveOptions, type LiveTable } from './live.js';
@@ -128,7 +128,7 @@ export interface Handlers<R extends object = Row> {
   /** A row of the snapshot (an envelope with op "read"). */
   onRow?(row: Envelope<R>): void;
   onSnapshotEnd?(cursor: string): void;
-  /** A node error frame about this topic (forbidden, bad-topic …). */
+  /** A node error frame about this topic (forbidden, bad-topic, bad-filter …). */
   onError?(err: WalcastError): void;
 }
 
@@ -137,6 +137,23 @@ export interface SubscribeOptions {
   cursor?: string;
   /** Deliver the topic's current rows first (DESIGN §6 state). */
   snapshot?: boolean;
+  /**
+   * Receive only the rows this filter matches (docs/filters.md). A row that
+   * stops matching arrives as a removal: a change with op 'delete', its old
+   * key in key and before, and left: 'filter'. The filter is sent again with
+   * every resubscription (reconnects, replay gaps, fresh snapshots), as the
+   * node binds a topic's cursors to the filter and columns they were issued
+   * under. A filter the node refuses is reported as a WalcastError with code
+   * 'bad-filter' (onError), and the topic is left. Filters need a WebSocket:
+   * over Server-Sent Events a filtered topic is not followed (an error with
+   * code 'filter-needs-websocket' says so) until a WebSocket opens again.
+   */
+  filter?: Filter;
+  /**
+   * The published columns wanted of each row (default: every column); the
+   * key columns are always included, and [] asks for the key columns only.
+   */
+  columns?: readonly string[];
 }
 
 interface TopicState {
@@ -158,6 +175,17 @@ interface TopicState {
   /** Delays of resubscriptions after the node ended the topic's subscription. */
   retry: Backoff;
   retryTimer?: unknown;
+  /** The subscription's filter and columns, sent with every sub (undefined: none). */
+  filter?: Filter;
+  columns?: string[];
+  /** filter and columns as one string, to tell views apart. */
+  view: string;
+}
+
+/** viewOf is a subscription's filter and columns as one string ('' for neither). */
+function viewOf(filter: Filter | undefined, columns: readonly string[] | undefined): string {
+  if (filter === undefined && columns === undefined) return '';
+  return JSON.stringify([filter ?? null, columns ?? null]);
 }
 
 /**
@@ -258,6 +286,15 @@ export class Client {
   subscribe<R extends object = Row>(topic: string, opts: SubscribeOptions = {}, handlers: Handlers<R> = {}): () => void {
     let st = this.topics.get(topic);
     let send = false;
+    const view = viewOf(opts.filter, opts.columns);
+    if (st && st.view !== view) {
+      // One connection follows a topic once: its subscribers share one view.
+      throw new WalcastError(
+        'config',
+        `walcast: ${topic} is already subscribed with ${st.view ? 'another filter or column list' : 'no filter or column list'}; unsubscribe it first, or use a second client for a second view`,
+        { topic },
+      );
+    }
     if (!st) {
       const cursor = opts.cursor ?? this.store.get(topic);
       st = {
@@ -272,6 +309,9 @@ export class Client {
         txnOver: false,
         endSeq: 0,
         retry: new Backoff(this.opts.backoff, this.opts.random),
+        filter: opts.filter,
+        columns: opts.columns ? [...opts.columns] : undefined,
+        view,
       };
       this.topics.set(topic, st);
       send = true;
@@ -397,7 +437,22 @@ export class Client {
       this.fail(new WalcastError('config', 'walcast: neither WebSocket nor fetch is available: pass {WebSocket} or {fetch}', { terminal: true }));
       return;
     }
-    const topics: StreamTopic[] = [...this.topics.values()].map((st) => ({ topic: st.topic, cursor: st.cursor, snapshot: st.wantSnapshot }));
+    // An event stream's URL carries no filter: filtered topics wait for a
+    // WebSocket rather than receive rows their filter excludes.
+    const topics: StreamTopic[] = [];
+    for (const st of this.topics.values()) {
+      if (!st.view) {
+        topics.push({ topic: st.topic, cursor: st.cursor, snapshot: st.wantSnapshot });
+        continue;
+      }
+      const err = new WalcastError(
+        'config',
+        `walcast: ${st.topic} is subscribed with a filter or column list, which only a WebSocket carries; it is not followed over this Server-Sent Events stream, and resumes when a WebSocket opens`,
+        { code: 'filter-needs-websocket', topic: st.topic },
+      );
+      for (const h of [...st.handlers]) h.onError?.(err);
+      this.report(err);
+    }
     const url = eventsURL(this.opts.url, topics);
     this.openConn(gen, (ev) => openEventStream(f, url, token, undefined, ev), false);
   }
@@ -683,6 +738,9 @@ export class Client {
     const f: ClientFrame = { t: 'sub', topic: st.topic };
     if (st.cursor && !st.wantSnapshot) f.cursor = st.cursor;
     if (st.wantSnapshot) f.snapshot = true;
+    // The node binds cursors to the view: every sub carries it.
+    if (st.filter !== undefined) f.filter = st.filter;
+    if (st.columns !== undefined) f.columns = st.columns;
     if (!c.send(f)) this.queueReopen();
   }
 
@@ -846,6 +904,7 @@ export class Client {
           break;
         case 'forbidden':
         case 'bad-topic':
+        case 'bad-filter':
         case 'too-many-topics':
           this.cancel(st.retryTimer);
           this.topics.delete(st.topic); // the node dropped it; so do we
@@ -892,6 +951,8 @@ function leaveHint(code: string): string {
       return "get a token whose topics claim grants it";
     case 'bad-topic':
       return 'name it as schema.table';
+    case 'bad-filter':
+      return 'correct the filter or column list as the message says';
     default:
       return 'follow at most 256 topics on one connection';
   }

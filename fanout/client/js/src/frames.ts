@@ -49,13 +49,36 @@ export interface Envelope<R extends object = Row> {
    * in the new one). A consumer of every tenant should skip it.
    */
   moved?: 'tenant';
+  /**
+   * "filter" on a removal: the row (its old key in key and before) no
+   * longer matches the subscription's filter. It is not deleted from the
+   * table; it leaves this subscription's rows, and is removed from them as
+   * a delete is.
+   */
+  left?: 'filter';
   oversize?: boolean;
   [field: string]: unknown;
 }
 
+/** A value a filter compares a column with (docs/filters.md, "Types"). */
+export type FilterValue = string | number | boolean;
+
+/**
+ * A row filter (docs/filters.md): a predicate over a table's published
+ * columns, as JSON with typed values, never SQL text. For example
+ * `{ and: [{ col: 'status', op: '=', value: 'paid' }, { col: 'amount', op: '>', value: 100 }] }`.
+ */
+export type Filter =
+  | { and: Filter[] }
+  | { or: Filter[] }
+  | { not: Filter }
+  | { col: string; op: '=' | '<>' | '!=' | '<' | '<=' | '>' | '>='; value: FilterValue }
+  | { col: string; op: 'in'; values: FilterValue[] }
+  | { col: string; op: 'is null' | 'is not null' };
+
 /** Client → node frames. */
 export type ClientFrame =
-  | { t: 'sub'; topic: string; cursor?: string; snapshot?: boolean }
+  | { t: 'sub'; topic: string; cursor?: string; snapshot?: boolean; filter?: Filter; columns?: string[] }
   | { t: 'unsub'; topic: string }
   | { t: 'ping' }
   | { t: 'refresh'; token: string };

@@ -7,7 +7,7 @@ export type { CursorStore, StorageLike } from './store.js';
 export { WalcastError } from './errors.js';
 export type { ErrorKind } from './errors.js';
 export { CloseCode, closeAction } from './frames.js';
-export type { ClientFrame, ServerFrame, Envelope, Op, Row, CloseAction } from './frames.js';
+export type { ClientFrame, ServerFrame, Envelope, Filter, FilterValue, Op, Row, CloseAction } from './frames.js';
 export { live, rowKey } from './live.js';
 export type { LiveEvent, LiveOptions, LiveTable } from './live.js';
 export { SSEParser, socketURL, eventsURL } from './transport.js';

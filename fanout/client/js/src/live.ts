@@ -1,5 +1,5 @@
 import type { Client, Handlers } from './client.js';
-import type { Envelope, Row } from './frames.js';
+import type { Envelope, Filter, Row } from './frames.js';
 import type { WalcastError } from './errors.js';
 
 /** What happened to a live table's rows (R: the row type, default Row). */
@@ -13,6 +13,14 @@ export type LiveEvent<R extends object = Row> =
 export interface LiveOptions<R extends object = Row> {
   /** Ask the node for the current rows first (default true). */
   snapshot?: boolean;
+  /**
+   * Keep only the rows this filter matches (docs/filters.md); a row that
+   * stops matching is removed (a 'delete' event whose change has left:
+   * 'filter'). See SubscribeOptions.filter.
+   */
+  filter?: Filter;
+  /** Keep only these columns of each row, and the key columns (default: every column). */
+  columns?: readonly string[];
   /**
    * Called once per applied batch, with the rows after it and what changed,
    * in order: a snapshot is one batch, delivered at its end ({type:
@@ -62,7 +70,8 @@ function pick(row: object | undefined, cols: string[]): Row | undefined {
  * live keeps topic's rows current — key → row — from a snapshot's rows and
  * every change after it: inserts and reads add a row, updates replace it
  * (columns the change leaves out as unchanged keep their values), deletes
- * remove it, a truncate clears the table. A resync or a new snapshot
+ * and removals (a row leaving the filter, left: 'filter') remove it, a
+ * truncate clears the table. A resync or a new snapshot
  * replaces the rows with the node's: rows the new snapshot does not name
  * are removed at its end. The rows are copied on write: every batch gets a
  * new Map, and a Map once handed out never changes.
@@ -180,7 +189,7 @@ export function live<R extends object = Row>(client: Client, topic: string, opts
     onResync: () => push({ type: 'resync' }),
     onError: (e) => opts.onError?.(e),
   };
-  const unsubscribe = client.subscribe<R>(topic, { snapshot: opts.snapshot ?? true }, handlers);
+  const unsubscribe = client.subscribe<R>(topic, { snapshot: opts.snapshot ?? true, filter: opts.filter, columns: opts.columns }, handlers);
   return {
     get rows() {
       return draft ?? rows;

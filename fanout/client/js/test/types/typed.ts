@@ -62,3 +62,14 @@ const any = client.live('public.things', {
 });
 const r: ReadonlyMap<string, Record<string, unknown>> = any.rows;
 void r;
+
+// A filtered live table: filters are typed by the language's forms.
+const paidOrders: LiveTable<Order> = client.live<Order>('public.orders', {
+  filter: { and: [{ col: 'status', op: '=', value: 'paid' }, { col: 'note', op: 'is not null' }] },
+  columns: ['status', 'total'],
+});
+void paidOrders;
+// @ts-expect-error the language has no pattern matching
+client.subscribe('public.orders', { filter: { col: 'status', op: 'like', value: 'p%' } });
+// @ts-expect-error null is never a value: test with 'is null'
+client.subscribe('public.orders', { filter: { col: 'note', op: '=', value: null } });
