@@ -144,9 +144,8 @@ export interface SubscribeOptions {
    * every resubscription (reconnects, replay gaps, fresh snapshots), as the
    * node binds a topic's cursors to the filter and columns they were issued
    * under. A filter the node refuses is reported as a WalcastError with code
-   * 'bad-filter' (onError), and the topic is left. Filters need a WebSocket:
-   * over Server-Sent Events a filtered topic is not followed (an error with
-   * code 'filter-needs-websocket' says so) until a WebSocket opens again.
+   * 'bad-filter' (onError), and the topic is left. Over Server-Sent Events
+   * the filter and columns travel in the stream's URL.
    */
   filter?: Filter;
   /**
@@ -437,21 +436,11 @@ export class Client {
       this.fail(new WalcastError('config', 'walcast: neither WebSocket nor fetch is available: pass {WebSocket} or {fetch}', { terminal: true }));
       return;
     }
-    // An event stream's URL carries no filter: filtered topics wait for a
-    // WebSocket rather than receive rows their filter excludes.
+    // An event stream carries each topic's filter and columns in its URL
+    // (filter.<topic>, columns.<topic>), so cursors stay bound to them.
     const topics: StreamTopic[] = [];
     for (const st of this.topics.values()) {
-      if (!st.view) {
-        topics.push({ topic: st.topic, cursor: st.cursor, snapshot: st.wantSnapshot });
-        continue;
-      }
-      const err = new WalcastError(
-        'config',
-        `walcast: ${st.topic} is subscribed with a filter or column list, which only a WebSocket carries; it is not followed over this Server-Sent Events stream, and resumes when a WebSocket opens`,
-        { code: 'filter-needs-websocket', topic: st.topic },
-      );
-      for (const h of [...st.handlers]) h.onError?.(err);
-      this.report(err);
+      topics.push({ topic: st.topic, cursor: st.cursor, snapshot: st.wantSnapshot, filter: st.filter, columns: st.columns });
     }
     const url = eventsURL(this.opts.url, topics);
     this.openConn(gen, (ev) => openEventStream(f, url, token, undefined, ev), false);

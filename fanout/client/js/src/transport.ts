@@ -62,6 +62,9 @@ export interface StreamTopic {
   topic: string;
   cursor?: string;
   snapshot?: boolean;
+  /** The subscription's filter (docs/filters.md) and column list, if any. */
+  filter?: unknown;
+  columns?: readonly string[];
 }
 
 /** socketURL is base's /v1/socket with the token as access_token. */
@@ -86,6 +89,12 @@ export function eventsURL(base: string, topics: StreamTopic[]): string {
   for (const t of topics) u.searchParams.append('topic', t.topic);
   for (const t of topics) if (t.cursor && !t.snapshot) u.searchParams.append('cursor', t.cursor);
   for (const t of topics) if (t.snapshot) u.searchParams.append('snapshot', t.topic);
+  // A filtered topic's filter and columns, as the node reads them for an
+  // event stream (filter.<topic>, columns.<topic> as a JSON array).
+  for (const t of topics) {
+    if (t.filter !== undefined) u.searchParams.append(`filter.${t.topic}`, JSON.stringify(t.filter));
+    if (t.columns !== undefined) u.searchParams.append(`columns.${t.topic}`, JSON.stringify(t.columns));
+  }
   return u.toString();
 }
 

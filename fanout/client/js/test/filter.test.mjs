@@ -114,18 +114,22 @@ test('filter: live() keeps only matching rows; a removal (left: filter) deletes 
   assert.deepEqual(subs(e.ws.sockets[1]), [{ t: 'sub', topic: T, cursor: 'c3', filter: paid, columns: ['status'] }]);
 });
 
-test('filter: over Server-Sent Events a filtered topic is left out and reported, the others are followed', async () => {
+test('filter: over Server-Sent Events the filter and columns travel in the stream URL, beside the unfiltered topics', async () => {
   const f = fakeFetch();
   const e = env({ fetch: f.fetch, transport: 'sse', store: new MemoryCursorStore() });
   const c = new Client(e.opts);
   const got = [];
-  c.subscribe(T, { filter: paid }, { onError: (err) => got.push(err.code) });
+  c.subscribe(T, { filter: paid, columns: ['status'] }, { onError: (err) => got.push(err.code) });
   c.subscribe('public.items', { cursor: 'i1' }, {});
   await tick();
   assert.equal(f.calls.length, 1);
-  assert.deepEqual(f.calls[0].url.searchParams.getAll('topic'), ['public.items']);
-  assert.deepEqual(got, ['filter-needs-websocket']);
-  assert.match(e.errors[0].message, /public\.orders is subscribed with a filter or column list, which only a WebSocket carries/);
+  const q = f.calls[0].url.searchParams;
+  assert.deepEqual(q.getAll('topic'), [T, 'public.items']);
+  assert.deepEqual(JSON.parse(q.get(`filter.${T}`)), paid);
+  assert.deepEqual(JSON.parse(q.get(`columns.${T}`)), ['status']);
+  assert.equal(q.get('filter.public.items'), null);
+  assert.equal(q.get('columns.public.items'), null);
+  assert.deepEqual(got, []);
   answer(f.calls[0], { status: 200 });
   await tick();
 });
