@@ -22,6 +22,8 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/walcast/walcast/decoder"
+	"github.com/walcast/walcast/fanout/filter"
 	"github.com/walcast/walcast/internal/pgtest"
 	"github.com/walcast/walcast/replication"
 )
@@ -197,9 +199,13 @@ type viewClient struct {
 	snaps   int
 	ends    int
 	errs    []string
+	// match judges a held row at each transaction boundary when the
+	// column list keeps every column the filter reads (nil otherwise).
+	match *filter.Filter
 }
 
 type viewEnv struct {
+	CommitLSN string                     `json:"commitLsn"`
 	Op        string                     `json:"op"`
 	Key       map[string]json.RawMessage `json:"key"`
 	Before    map[string]json.RawMessage `json:"before"`
@@ -307,6 +313,9 @@ func (c *viewClient) apply(b []byte) viewFrame {
 			c.applyEnv(c.snap, e)
 			return f
 		}
+		if len(c.pending) > 0 && c.pending[0].CommitLSN != e.CommitLSN {
+			c.errorf("a change of transaction %s inside transaction %s: a transaction without its end mark", e.CommitLSN, c.pending[0].CommitLSN)
+		}
 		c.pending = append(c.pending, e)
 		if f.End {
 			for _, e := range c.pending {
@@ -314,16 +323,56 @@ func (c *viewClient) apply(b []byte) viewFrame {
 			}
 			c.pending, c.cursor = nil, f.Cursor
 			c.ends++
+			c.checkBoundary()
 		} else if f.Cursor != "" {
 			c.errorf("a cursor without an end mark")
 		}
 	case "snapshot-end":
 		c.rows, c.snap, c.cursor = c.snap, nil, f.Cursor
 		c.snaps++
+		c.checkBoundary()
 	case "resync":
 		c.pending = nil // a fresh snapshot follows (snapshot:true)
 	case "error":
 		c.errorf("error frame %s: %s", f.Code, f.Msg)
+	}
+	return f
+}
+
+// checkBoundary checks, at a transaction boundary, that every row the
+// client holds is one its filter matches (when its columns let it tell):
+// the part of "the rows equal the query at every boundary" that needs no
+// copy of the table as of that boundary.
+func (c *viewClient) checkBoundary() {
+	if c.match == nil {
+		return
+	}
+	for id, r := range c.rows {
+		vals := map[string]json.RawMessage{"id": json.RawMessage(id)}
+		for col, v := range r {
+			if col != "big" {
+				vals[col] = json.RawMessage(v)
+			}
+		}
+		if c.match.Match(filter.Row{Values: vals}) != filter.Matches {
+			c.errorf("at the boundary of cursor %.12s… the client holds row %s %v, which its filter does not match", c.cursor, id, r)
+		}
+	}
+}
+
+// itemsFilter compiles js against items' columns, for checkBoundary.
+func itemsFilter(t *testing.T, js string, cols []string) *filter.Filter {
+	t.Helper()
+	info := []decoder.ColumnInfo{{Name: "id", TypeOID: 23, Key: true}, {Name: "tenant", TypeOID: 25}, {Name: "status", TypeOID: 25},
+		{Name: "amount", TypeOID: 23}, {Name: "big", TypeOID: 25}}
+	f, err := filter.Compile([]byte(js), info, filter.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, col := range f.Columns() {
+		if col != "id" && !slices.Contains(cols, col) {
+			return nil
+		}
 	}
 	return f
 }
@@ -471,7 +520,7 @@ func TestFilteredSubscriptionsRandomized(t *testing.T) {
 			}
 		}
 		c := &viewClient{name: fmt.Sprintf("client %d (tenant %q, filter %s, columns %v)", i, tenants[i%2], js, cols),
-			tenant: tenants[i%2], filter: js, where: sql, cols: cols}
+			tenant: tenants[i%2], filter: js, where: sql, cols: cols, match: itemsFilter(t, js, cols)}
 		s := &viewSub{ws: dialState(env, itemsToken(t, c.tenant)), c: c}
 		s.subscribe(false)
 		subs = append(subs, s)
