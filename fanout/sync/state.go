@@ -773,7 +773,11 @@ func (n *Node) followAfterState(ctx context.Context, q journal.Query, epoch, h0 
 				}
 				body := e.Envelope
 				if v != nil {
-					if body = viewSnapshotChange(v, held, fills.fill(body), &n.stats); body == nil {
+					var err error
+					if body, err = viewSnapshotChange(v, held, fills.fill(body), &n.stats); err != nil {
+						return 0, err
+					}
+					if body == nil {
 						continue
 					}
 					if len(body) == 0 {

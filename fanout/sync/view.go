@@ -139,6 +139,9 @@ type viewChange struct {
 	// holes: the new image lacks the value of a column the view keeps
 	// (listed in unchanged: a TOASTed value PostgreSQL did not resend).
 	holes bool
+	// missing names a column the filter reads that the new image does not
+	// have at all: the table changed since the filter was checked.
+	missing string
 
 	v *view
 	p *parsedChange
@@ -280,6 +283,14 @@ func (v *view) judgeParsed(p *parsedChange) (*viewChange, error) {
 	}
 	if im.Op != decoder.OpDelete && v.filter != nil {
 		c.now = v.filter.Match(filter.Row{Values: im.After, Unchanged: im.Unchanged, JSONNull: im.AfterJSONNull})
+		if c.now == filter.Undecided {
+			for _, col := range v.filter.Columns() {
+				if _, ok := im.After[col]; !ok && !slices.Contains(im.Unchanged, col) {
+					c.missing = col
+					break
+				}
+			}
+		}
 	}
 	for _, u := range im.Unchanged {
 		if v.proj == nil || v.proj.Has(u) {
@@ -701,32 +712,46 @@ func viewRow(v *view, held *rowSet, body []byte, st *syncStats) ([]byte, error) 
 		st.filterSkipped.Add(1)
 		return nil, nil
 	case viewResync:
+		if vc.missing != "" {
+			return nil, refusedMissingColumn(vc.missing)
+		}
 		return nil, refused("a row of the table holds a value the filter cannot compare (key %s); subscribe with a filter that does not test that column", vc.newKey)
 	}
 	return payload, nil
 }
 
+// refusedMissingColumn refuses a snapshot whose filter reads a column the
+// table's rows no longer have.
+func refusedMissingColumn(col string) error {
+	return refused("the table's rows no longer have column %q, which the filter reads (the table changed after the subscription checked its filter); subscribe again with a filter on the table's published columns", col)
+}
+
 // viewSnapshotChange is a change after a snapshot's rows as v shows it to
 // the snapshot's client, whose rows held records: nil when the client gets
-// nothing of it, empty when the view cannot judge it.
-func viewSnapshotChange(v *view, held *rowSet, env []byte, st *syncStats) []byte {
+// nothing of it, empty when the view cannot judge it (the snapshot is read
+// again), an error when it never will (the table lost a column the filter
+// reads).
+func viewSnapshotChange(v *view, held *rowSet, env []byte, st *syncStats) ([]byte, error) {
 	vc, err := v.judge(env)
 	if err != nil {
 		st.filterResyncs.Add(1)
-		return []byte{}
+		return []byte{}, nil
 	}
 	action, payload := vc.decide(held, true)
 	switch action {
 	case viewSkip:
 		st.filterSkipped.Add(1)
-		return nil
+		return nil, nil
 	case viewResync:
 		st.filterResyncs.Add(1)
-		return []byte{}
+		if vc.missing != "" {
+			return nil, refusedMissingColumn(vc.missing)
+		}
+		return []byte{}, nil
 	case viewRemove:
 		st.filterRemovals.Add(1)
 	}
-	return payload
+	return payload, nil
 }
 
 // fillBudget bounds the values one filtered snapshot keeps to fill the

@@ -814,3 +814,75 @@ func TestFilterHTTPAndEvents(t *testing.T) {
 		}
 	}
 }
+
+// TestFilterSchemaChange: a column the publication stops publishing
+// reaches the filtered subscriptions that read it — their next change
+// cannot be judged, and the fresh snapshot that answers it is refused
+// naming the column — and no other: a subscription whose filter and
+// columns do not read it goes on receiving changes, with no resync. A new
+// subscription with the old filter is refused naming the column.
+func TestFilterSchemaChange(t *testing.T) {
+	env := newStateEnv(t, itemsSetup...)
+	pgtest.MustExec(t, env.src, `INSERT INTO items SELECT g, NULL, 'paid', g, 'x' FROM generate_series(1, 5) g`)
+	waitFor(t, "items to be journaled", func() bool { return env.node.known("public.items") })
+	tok := itemsToken(t, "")
+	onStatus := dialState(env, tok)
+	onStatus.ws.send(map[string]any{"t": "sub", "topic": "public.items", "snapshot": true,
+		"filter": json.RawMessage(`{"col":"status","op":"=","value":"paid"}`), "columns": []string{"status"}})
+	onAmount := dialState(env, tok)
+	onAmount.ws.send(map[string]any{"t": "sub", "topic": "public.items", "snapshot": true,
+		"filter": json.RawMessage(`{"col":"amount","op":">","value":2}`), "columns": []string{"amount"}})
+	a := &viewClient{name: "status", cols: []string{"status"}}
+	b := &viewClient{name: "amount", cols: []string{"amount"}, where: "amount > 2"}
+	for _, c := range []struct {
+		sc *stateConn
+		vc *viewClient
+	}{{onStatus, a}, {onAmount, b}} {
+		for c.vc.snaps == 0 {
+			c.vc.apply(<-c.sc.frames)
+		}
+	}
+
+	pgtest.MustExec(t, env.src, `ALTER PUBLICATION pub SET TABLE docs, beat, items (id, tenant, amount, big)`,
+		`UPDATE items SET amount = amount + 10 WHERE id = 1`)
+	deadline := time.After(60 * time.Second)
+	var refusal string
+	for refusal == "" {
+		select {
+		case f := <-onStatus.frames:
+			if got := a.apply(f); got.T == "error" {
+				refusal = got.Code + ": " + got.Msg
+			}
+		case err := <-onStatus.err:
+			t.Fatal(err)
+		case <-deadline:
+			t.Fatal("the subscription whose filter reads status was not told within 60 s")
+		}
+	}
+	if !strings.Contains(refusal, "snapshot-failed") || !strings.Contains(refusal, `column "status"`) {
+		t.Fatalf("the subscription on status ended with %q, want snapshot-failed naming the column", refusal)
+	}
+	// The subscription on amount saw the update as a plain change.
+	want := b.want(t, env.src)
+	for diffViews(b.rows, want) != "" {
+		select {
+		case f := <-onAmount.frames:
+			if got := b.apply(f); got.T == "resync" || got.T == "snapshot-begin" || got.T == "error" {
+				t.Fatalf("the subscription on amount got %s %s: the change of status reached it", got.T, got.Msg)
+			}
+		case <-deadline:
+			t.Fatalf("the subscription on amount:\n%s", diffViews(b.rows, want))
+		}
+	}
+	if len(b.errs) > 0 {
+		t.Fatal(b.errs)
+	}
+	// Once walcast run has recorded the table's new shape, the old filter
+	// is refused at once.
+	waitFor(t, "the old filter refused naming the column", func() bool {
+		c := env.mustDial(tok)
+		c.send(map[string]any{"t": "sub", "topic": "public.items", "filter": json.RawMessage(`{"col":"status","op":"=","value":"paid"}`)})
+		f := c.read()
+		return f.T == "error" && f.Code == "bad-filter" && strings.Contains(f.Message, `column "status" is not a published column`)
+	})
+}
