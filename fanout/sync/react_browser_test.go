@@ -28,7 +28,10 @@ import (
 // made in SQL reach the page (through memo() tables, so only a new rows
 // array shows); after a reload, which resumes with a stored cursor, the
 // rows are there again and changes keep coming; a component of a topic
-// the token does not grant shows the node's refusal; a TRUNCATE with new
+// the token does not grant shows the node's refusal; a component on a
+// client of its own follows the topic with a filter (n <= 3) and a column
+// list (n), and shows exactly those rows, cut to id and n, at every step
+// (rows enter and leave it as updates change n); a TRUNCATE with new
 // rows in the same transaction leaves exactly the new rows (the node
 // answers it with a snapshot); after the sync node restarts, the page is
 // back in step with the table; tokens of 2 to 3 s are refreshed on the

@@ -4,7 +4,7 @@
 import { useCallback, useSyncExternalStore } from 'react';
 import type { Client } from './client.js';
 import type { WalcastError } from './errors.js';
-import type { Row } from './frames.js';
+import type { Filter, Row } from './frames.js';
 import { live, type LiveTable } from './live.js';
 
 /**
@@ -31,6 +31,14 @@ export interface LiveState<R extends object = Row> {
 export interface UseLiveOptions {
   /** Ask for the current rows first (default true; false: changes from now on). */
   snapshot?: boolean;
+  /**
+   * Keep only the rows this filter matches, and only these columns (and
+   * the key columns) of each; see live(). A client follows a topic with one
+   * filter: components of one client and topic must agree on it (another
+   * one is an error, status 'error').
+   */
+  filter?: Filter;
+  columns?: readonly string[];
   /**
    * Suspend (throw a promise to the nearest <Suspense>) until the rows
    * have arrived, and throw the error to the nearest error boundary when
@@ -69,10 +77,21 @@ const loading: LiveState<object> = Object.freeze({ rows: [], byKey: new Map(), s
 const empty: LiveState<object> = Object.freeze({ rows: [], byKey: new Map(), status: 'ready', ready: true, error: undefined });
 const initial = (snapshot: boolean) => (snapshot ? loading : empty);
 
-const entryKey = (topic: string, snapshot: boolean) => (snapshot ? 'rows:' : 'changes:') + topic;
+/** What a live table follows: its topic, snapshot option, filter and columns. */
+interface Spec {
+  topic: string;
+  snapshot: boolean;
+  filter?: Filter;
+  columns?: readonly string[];
+  /** filter and columns as one string ('' for neither), part of the entry's key. */
+  view: string;
+}
+
+const entryKey = (s: Spec) => (s.snapshot ? 'rows:' : 'changes:') + s.topic + (s.view ? '\u0000' + s.view : '');
 
 /** start subscribes entry's table (again, after it was stopped). */
-function start(client: Client, topic: string, snapshot: boolean, e: Entry): void {
+function start(client: Client, spec: Spec, e: Entry): void {
+  const { topic, snapshot } = spec;
   const set = (s: LiveState<object>) => {
     e.state = s;
     if (s.status !== 'loading') {
@@ -81,24 +100,34 @@ function start(client: Client, topic: string, snapshot: boolean, e: Entry): void
     }
     for (const l of [...e.listeners]) l();
   };
-  e.table = live<object>(client, topic, {
-    snapshot,
-    onChange: (rows) => set({ rows: [...rows.values()], byKey: rows, status: 'ready', ready: true, error: undefined }),
-    onError: (error) => set({ ...e.state, status: 'error', error }),
-  });
   let m = tables.get(client);
   if (!m) tables.set(client, (m = new Map()));
   if (!m.has(e.key)) m.set(e.key, e);
+  const failed = (error: WalcastError) => set({ ...e.state, status: 'error', error });
+  try {
+    e.table = live<object>(client, topic, {
+      snapshot,
+      filter: spec.filter,
+      columns: spec.columns,
+      onChange: (rows) => set({ rows: [...rows.values()], byKey: rows, status: 'ready', ready: true, error: undefined }),
+      onError: failed,
+    });
+  } catch (err) {
+    // Another component follows the topic on this client with another
+    // filter or column list (live() refuses a second view).
+    e.table = undefined;
+    failed(err as WalcastError);
+  }
 }
 
-function acquire(client: Client, topic: string, snapshot: boolean, keepAlive: number): Entry {
-  const key = entryKey(topic, snapshot);
+function acquire(client: Client, spec: Spec, keepAlive: number): Entry {
+  const key = entryKey(spec);
   const found = tables.get(client)?.get(key);
   if (found) return found;
   let settle = () => {};
   const settled = new Promise<void>((r) => (settle = r));
-  const e: Entry = { key, table: undefined, state: initial(snapshot), listeners: new Set(), refs: 0, keepAlive, timer: undefined, settled, settle };
-  start(client, topic, snapshot, e);
+  const e: Entry = { key, table: undefined, state: initial(spec.snapshot), listeners: new Set(), refs: 0, keepAlive, timer: undefined, settled, settle };
+  start(client, spec, e);
   return e;
 }
 
@@ -136,30 +165,35 @@ function release(client: Client, e: Entry): void {
 export function useLive<R extends object = Row>(client: Client, topic: string, opts: UseLiveOptions = {}): LiveState<R> {
   const snapshot = opts.snapshot ?? true;
   const keepAlive = opts.keepAlive ?? 1000;
+  // The filter and columns by value: a component that writes them inline
+  // passes new objects on every render, which must not resubscribe.
+  const view = opts.filter === undefined && opts.columns === undefined ? '' : JSON.stringify([opts.filter ?? null, opts.columns ?? null]);
+  const spec: Spec = { topic, snapshot, filter: opts.filter, columns: opts.columns, view };
   // The subscription starts when the component subscribes (an effect:
   // never in a server render), or, with suspense, at the first render.
   const subscribe = useCallback(
     (listener: () => void) => {
-      const e = acquire(client, topic, snapshot, keepAlive);
+      const e = acquire(client, spec, keepAlive);
       e.refs++;
       if (e.timer !== undefined) {
         clearTimeout(e.timer);
         e.timer = undefined;
       }
-      if (!e.table) start(client, topic, snapshot, e);
+      if (!e.table) start(client, spec, e);
       e.listeners.add(listener);
       return () => {
         e.listeners.delete(listener);
         if (--e.refs === 0) release(client, e);
       };
     },
-    [client, topic, snapshot, keepAlive],
+    // eslint-disable-next-line react-hooks/exhaustive-deps -- spec changes with view, compared by value
+    [client, topic, snapshot, keepAlive, view],
   );
-  const get = () => tables.get(client)?.get(entryKey(topic, snapshot))?.state ?? initial(snapshot);
+  const get = () => tables.get(client)?.get(entryKey(spec))?.state ?? initial(snapshot);
   const state = useSyncExternalStore(subscribe, get, () => initial(snapshot)) as LiveState<R>;
   if (opts.suspense && !state.ready) {
     if (state.status === 'error') throw state.error;
-    throw acquire(client, topic, snapshot, keepAlive).settled;
+    throw acquire(client, spec, keepAlive).settled;
   }
   return state;
 }

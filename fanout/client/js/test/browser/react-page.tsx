@@ -3,7 +3,9 @@
 // build, under StrictMode: effects run twice, as in a developer's app).
 // Two components follow the topic with useLive: one checks status, the
 // other suspends until the rows are there; a third follows a topic the
-// token does not grant and shows the refusal. The first two render the rows through a
+// token does not grant and shows the refusal; a fourth, on a client of
+// its own, follows the topic with a filter (n <= 3) and a column list (n),
+// so rows enter and leave it as n changes. The first two render the rows through a
 // memo() table, which renders again only when it gets a new rows array, so
 // the DOM shows a change only if the hook handed out a new identity. The
 // client's WebSocket records the frames it sends (the test looks for the
@@ -63,7 +65,25 @@ const client = new Client({
 });
 window.client = client;
 
-const Rows = memo(function Rows({ id, rows }: { id: string; rows: readonly Item[] }) {
+/**
+ * A second client: one client follows a topic with one filter. Its token
+ * lives long (the first client's refreshes are what the test watches), so
+ * no token fetch of its own is in flight when the page reloads.
+ */
+const filteredClient = new Client({
+  url: location.origin,
+  transport: 'websocket',
+  getToken: async () => {
+    const r = await fetch('/token?ttl=long', { cache: 'no-store' });
+    if (!r.ok) throw new Error(`GET /token: ${r.status}`);
+    return r.text();
+  },
+  store: new LocalStorageCursorStore({ prefix: 'walcast-react-filtered:' }),
+  backoff: { initial: 100, max: 1000 },
+  onError: (e) => window.errors.push(e.message),
+});
+
+const Rows = memo(function Rows({ id, rows }: { id: string; rows: readonly Partial<Item>[] }) {
   return (
     <table id={id}>
       <tbody>
@@ -102,6 +122,21 @@ function SuspendedItems() {
   );
 }
 
+/** The rows with n <= 3, and of each only its key and n. */
+function FilteredItems() {
+  const { rows, status } = useLive<Pick<Item, 'id' | 'n'>>(filteredClient, topic, {
+    filter: { col: 'n', op: '<=', value: 3 },
+    columns: ['n'],
+    keepAlive: 0,
+  });
+  return (
+    <section>
+      <p id="filtered-status">{status}</p>
+      <Rows id="filtered" rows={rows} />
+    </section>
+  );
+}
+
 /** A topic the token does not grant: the hook reports the node's refusal. */
 function Refused() {
   const { status, error, rows } = useLive<Item>(client, 'public.refused', { keepAlive: 0 });
@@ -126,6 +161,7 @@ function App() {
   return (
     <>
       <Items />
+      <FilteredItems />
       <Refused />
       <Suspense fallback={<Fallback />}>
         <SuspendedItems />

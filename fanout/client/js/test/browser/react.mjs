@@ -62,22 +62,26 @@ try {
       error: document.getElementById('error')?.textContent,
       items: document.querySelectorAll('#items tr').length,
       suspended: document.querySelectorAll('#suspended tr').length,
+      filtered: [...document.querySelectorAll('#filtered tr[data-row]')].map((tr) => tr.dataset.row),
       fallback: !!document.getElementById('fallback'),
       clientState: window.client?.state,
       errors: window.errors,
     }));
-  // matches waits until both tables of the page show the table's rows.
+  // matches waits until both tables of the page show the table's rows,
+  // and the filtered one the rows with n <= 3, cut to id and n.
   const matches = async (what) => {
-    const want = canon(await control('rows'));
+    const all = await control('rows');
+    const want = canon(all);
+    const wantFiltered = canon(all.filter((r) => r.n <= 3).map((r) => ({ id: r.id, n: r.n })));
     try {
       await page.waitForFunction(
-        (want) => {
+        ([want, wantFiltered]) => {
           const rows = (id) => [...document.querySelectorAll(`#${id} tr[data-row]`)].map((tr) => JSON.parse(tr.dataset.row));
           const canon = (rows) =>
             JSON.stringify([...rows].sort((a, b) => a.id - b.id).map((r) => Object.keys(r).sort().map((k) => [k, r[k]])));
-          return canon(rows('items')) === want && canon(rows('suspended')) === want;
+          return canon(rows('items')) === want && canon(rows('suspended')) === want && canon(rows('filtered')) === wantFiltered;
         },
-        want,
+        [want, wantFiltered],
         { timeout: deadline },
       );
     } catch (e) {
