@@ -712,6 +712,12 @@ type member struct {
 	bound      int64
 	held       *liveChange
 	owesResync bool
+	// unjudged: a change of the transaction in progress could not be
+	// judged under the member's view (view.go), so the member owes a
+	// resync at its end and is sent nothing more of it: a cursor after a
+	// transaction the client holds only part of would not be a boundary
+	// of its rows.
+	unjudged bool
 	// snapshot: the client subscribed with "snapshot":true, so a resync is
 	// answered with a fresh snapshot; job is the snapshot running (state.go).
 	snapshot bool
@@ -1065,7 +1071,7 @@ func (m *member) releaseLocked(enc *liveFrames, end bool) {
 // transaction a resync owed since a TRUNCATE in it goes out. t.mu is held.
 func (m *member) endedLocked(seq int64, end bool) {
 	if end && m.owesResync && (m.state == memberLive || m.state == memberCatchingUp) {
-		m.owesResync = false
+		m.owesResync, m.unjudged = false, false
 		m.resyncLocked(m.s.n.resyncFrame(m, seq), seq)
 	}
 }
@@ -1098,7 +1104,7 @@ func (m *member) deliverLocked(f *frame, seq int64, end bool) {
 	}
 	if m.state != memberGone {
 		m.state = memberDesynced
-		m.held, m.owesResync = nil, false
+		m.held, m.owesResync, m.unjudged = nil, false, false
 	}
 }
 
@@ -1134,7 +1140,7 @@ func (m *member) resyncLocked(f *frame, seq int64) {
 	}
 	if m.s.enqueue(f, nil) {
 		m.pos = seq
-		m.held, m.owesResync = nil, false
+		m.held, m.owesResync, m.unjudged = nil, false, false
 		m.setMidLocked(false)
 	}
 }

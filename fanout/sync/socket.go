@@ -924,7 +924,7 @@ func (s *socket) catchUp(ctx context.Context, m *member) {
 				// A change the member's view could not judge: the
 				// client re-reads once its transaction has ended.
 				m.pos = seq
-				m.owesResync = true
+				m.owesResync, m.unjudged = true, true
 				m.endedLocked(seq, page.ends[i])
 				t.mu.Unlock()
 				i++

@@ -1051,7 +1051,7 @@ func (s *socket) runSnapshot(ctx context.Context, m *member, j *snapJob, reason 
 	}
 	n.snapshotEnded("done", started)
 	m.pos, m.epoch, m.state = res.pos, res.epoch, memberCatchingUp
-	m.mid, m.owesResync, m.held = false, false, nil // the snapshot's position is a transaction boundary
+	m.mid, m.owesResync, m.unjudged, m.held = false, false, false, nil // the snapshot's position is a transaction boundary
 	if m.view != nil {
 		m.rows = res.held
 	}

@@ -586,6 +586,11 @@ func (n *Node) newRows() *rowSet {
 // transaction's end without a frame. t.mu is held.
 func (m *member) viewLocked(enc *liveFrames, c *liveChange) (*liveChange, bool) {
 	st := &m.s.n.stats
+	if m.unjudged {
+		// The rest of a transaction a change of which could not be
+		// judged: nothing of it is sent; the resync follows its end.
+		return &liveChange{seq: c.seq, epoch: c.epoch, op: c.op, commit: c.commit}, true
+	}
 	vc, err := enc.views.judge(m.view, c.payload)
 	action, payload := viewResync, []byte(nil)
 	if err == nil {
@@ -598,7 +603,7 @@ func (m *member) viewLocked(enc *liveFrames, c *liveChange) (*liveChange, bool) 
 	case viewResync:
 		st.filterResyncs.Add(1)
 		m.rows.forget()
-		m.owesResync = true
+		m.owesResync, m.unjudged = true, true
 		return &liveChange{seq: c.seq, epoch: c.epoch, op: c.op, commit: c.commit}, true
 	case viewRemove:
 		st.filterRemovals.Add(1)
@@ -610,6 +615,7 @@ func (m *member) viewLocked(enc *liveFrames, c *liveChange) (*liveChange, bool) 
 // transaction goes on past the page (catchUp).
 type viewCarry struct {
 	c                     *liveChange // payload nil: a change the view could not judge
+	unjudged              bool        // a change of its transaction could not be judged (member.unjudged)
 	base, readFrom, epoch int64
 }
 
@@ -626,8 +632,9 @@ func (m *member) viewPageLocked(p readPage, carry *viewCarry, epoch int64) (read
 	n := m.s.n
 	out := readPage{end: p.end, more: p.more}
 	var pend *liveChange
+	unjudged := m.unjudged // as member.unjudged, for the transaction in progress
 	if carry != nil {
-		pend = carry.c
+		pend, unjudged = carry.c, carry.unjudged
 	}
 	emit := func(c *liveChange, end bool, at int64) {
 		var f *frame
@@ -662,23 +669,27 @@ func (m *member) viewPageLocked(p readPage, carry *viewCarry, epoch int64) (read
 	}
 	st := &n.stats
 	for _, e := range p.entries {
-		vc, err := m.view.judge(e.Envelope)
 		action, payload := viewResync, []byte(nil)
-		if err == nil {
-			action, payload = vc.decide(m.rows, m.snapshot)
+		if !unjudged {
+			if vc, err := m.view.judge(e.Envelope); err == nil {
+				action, payload = vc.decide(m.rows, m.snapshot)
+			}
 		}
 		var x *liveChange
-		switch action {
-		case viewSkip:
+		switch {
+		case unjudged:
+			x = &liveChange{seq: e.Seq, op: e.Op, commit: e.CommitLSN.String()}
+		case action == viewSkip:
 			st.filterSkipped.Add(1)
-		case viewResync:
+		case action == viewResync:
 			st.filterResyncs.Add(1)
 			m.rows.forget()
+			unjudged = true
 			x = &liveChange{seq: e.Seq, op: e.Op, commit: e.CommitLSN.String()}
-		case viewRemove:
-			st.filterRemovals.Add(1)
-			fallthrough
 		default:
+			if action == viewRemove {
+				st.filterRemovals.Add(1)
+			}
 			x = &liveChange{seq: e.Seq, op: e.Op, commit: e.CommitLSN.String(), payload: payload}
 		}
 		if x != nil {
@@ -687,13 +698,16 @@ func (m *member) viewPageLocked(p readPage, carry *viewCarry, epoch int64) (read
 			}
 			pend = x
 		}
-		if e.TxnEnd && pend != nil {
-			emit(pend, true, e.Seq)
-			pend = nil
+		if e.TxnEnd {
+			if pend != nil {
+				emit(pend, true, e.Seq)
+				pend = nil
+			}
+			unjudged = false
 		}
 	}
 	if pend != nil {
-		return out, &viewCarry{c: pend}
+		return out, &viewCarry{c: pend, unjudged: unjudged}
 	}
 	return out, nil
 }

@@ -2,6 +2,7 @@ package sync
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/md5"
 	"encoding/hex"
@@ -25,6 +26,7 @@ import (
 	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/fanout/filter"
 	"github.com/walcast/walcast/internal/pgtest"
+	"github.com/walcast/walcast/journal"
 	"github.com/walcast/walcast/replication"
 )
 
@@ -202,6 +204,16 @@ type viewClient struct {
 	// match judges a held row at each transaction boundary when the
 	// column list keeps every column the filter reads (nil otherwise).
 	match *filter.Filter
+	// full compiles the filter against the table for the replay check;
+	// bounds are the rows held at each boundary, with its cursor.
+	full   *filter.Filter
+	bounds []viewBound
+}
+
+// viewBound is a client's rows at a transaction boundary.
+type viewBound struct {
+	cursor string
+	rows   map[string]map[string]string
 }
 
 type viewEnv struct {
@@ -324,6 +336,7 @@ func (c *viewClient) apply(b []byte) viewFrame {
 			c.pending, c.cursor = nil, f.Cursor
 			c.ends++
 			c.checkBoundary()
+			c.record()
 		} else if f.Cursor != "" {
 			c.errorf("a cursor without an end mark")
 		}
@@ -331,6 +344,7 @@ func (c *viewClient) apply(b []byte) viewFrame {
 		c.rows, c.snap, c.cursor = c.snap, nil, f.Cursor
 		c.snaps++
 		c.checkBoundary()
+		c.record()
 	case "resync":
 		c.pending = nil // a fresh snapshot follows (snapshot:true)
 	case "error":
@@ -360,6 +374,120 @@ func (c *viewClient) checkBoundary() {
 	}
 }
 
+// record keeps a copy of the rows at this boundary, for checkReplay.
+func (c *viewClient) record() {
+	rows := make(map[string]map[string]string, len(c.rows))
+	for k, r := range c.rows {
+		rows[k] = maps.Clone(r)
+	}
+	c.bounds = append(c.bounds, viewBound{cursor: c.cursor, rows: rows})
+}
+
+// checkReplay checks every recorded boundary against the table as of that
+// boundary: the journal's changes of items (every tenant), applied in
+// order from the empty table up to the boundary's position, scoped to the
+// client's tenant, judged by its filter and cut to its columns. So "the
+// rows equal the query at every transaction boundary" is checked at each
+// of them, not only at the end.
+func checkReplay(t *testing.T, env *stateEnv, clients []*viewClient) {
+	t.Helper()
+	ctx := context.Background()
+	type at struct {
+		pos int64
+		c   *viewClient
+		i   int
+	}
+	var all []at
+	for _, c := range clients {
+		for i, b := range c.bounds {
+			pos, err := env.j.CursorPosition(b.cursor)
+			if err != nil {
+				t.Fatalf("%s: cursor of boundary %d: %v", c.name, i, err)
+			}
+			all = append(all, at{pos, c, i})
+		}
+	}
+	slices.SortFunc(all, func(a, b at) int { return cmp.Compare(a.pos, b.pos) })
+	// The table, replayed: id → tenant ("" for none, as *string) and the
+	// row's values as the envelope carries them (big's value kept whole).
+	type trow struct {
+		tenant *string
+		vals   map[string]json.RawMessage
+	}
+	table := map[string]*trow{}
+	q := journal.Query{Entities: []string{"public.items"}, AllTenants: true, FromOldest: true, Limit: journal.MaxLimit}
+	pos := int64(0)
+	next := 0
+	check := func(upTo int64) {
+		for ; next < len(all) && all[next].pos <= upTo; next++ {
+			a := all[next]
+			want := map[string]map[string]string{}
+			for id, r := range table {
+				if r.tenant != nil && *r.tenant != a.c.tenant {
+					continue
+				}
+				if a.c.full.Match(filter.Row{Values: r.vals}) != filter.Matches {
+					continue
+				}
+				img := map[string]string{}
+				for _, col := range a.c.cols {
+					img[col] = normValue(col, r.vals[col])
+				}
+				want[id] = img
+			}
+			if d := diffViews(a.c.bounds[a.i].rows, want); d != "" && len(a.c.errs) < 20 {
+				a.c.errorf("at boundary %d (position %d) the rows differ from the table as of then:\n%s", a.i, a.pos, d)
+			}
+		}
+	}
+	for {
+		res, err := env.j.Changes(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range res.Changes {
+			check(e.Seq - 1)
+			var env viewEnv
+			var tenant struct {
+				Tenant *string `json:"tenant"`
+			}
+			if err := json.Unmarshal(e.Envelope, &env); err != nil {
+				t.Fatal(err)
+			}
+			_ = json.Unmarshal(e.Envelope, &tenant)
+			id := string(env.Key["id"])
+			switch env.Op {
+			case "insert":
+				table[id] = &trow{tenant.Tenant, env.After}
+			case "update":
+				old := id
+				if env.Before != nil {
+					old = string(env.Before["id"])
+				}
+				prev := table[old]
+				delete(table, old)
+				vals := maps.Clone(env.After)
+				for _, u := range env.Unchanged {
+					if prev != nil {
+						vals[u] = prev.vals[u]
+					}
+				}
+				table[id] = &trow{tenant.Tenant, vals}
+			case "delete":
+				delete(table, id)
+			case "truncate":
+				clear(table)
+			}
+			pos = e.Seq
+		}
+		if !res.More {
+			break
+		}
+		q.Cursor, q.FromOldest = res.Cursor, false
+	}
+	check(pos + 1<<40)
+}
+
 // itemsFilter compiles js against items' columns, for checkBoundary.
 func itemsFilter(t *testing.T, js string, cols []string) *filter.Filter {
 	t.Helper()
@@ -373,6 +501,18 @@ func itemsFilter(t *testing.T, js string, cols []string) *filter.Filter {
 		if col != "id" && !slices.Contains(cols, col) {
 			return nil
 		}
+	}
+	return f
+}
+
+// itemsFilterAll compiles js against items' columns, for checkReplay.
+func itemsFilterAll(t *testing.T, js string) *filter.Filter {
+	t.Helper()
+	info := []decoder.ColumnInfo{{Name: "id", TypeOID: 23, Key: true}, {Name: "tenant", TypeOID: 25}, {Name: "status", TypeOID: 25},
+		{Name: "amount", TypeOID: 23}, {Name: "big", TypeOID: 25}}
+	f, err := filter.Compile([]byte(js), info, filter.Limits{})
+	if err != nil {
+		t.Fatal(err)
 	}
 	return f
 }
@@ -520,7 +660,7 @@ func TestFilteredSubscriptionsRandomized(t *testing.T) {
 			}
 		}
 		c := &viewClient{name: fmt.Sprintf("client %d (tenant %q, filter %s, columns %v)", i, tenants[i%2], js, cols),
-			tenant: tenants[i%2], filter: js, where: sql, cols: cols, match: itemsFilter(t, js, cols)}
+			tenant: tenants[i%2], filter: js, where: sql, cols: cols, match: itemsFilter(t, js, cols), full: itemsFilterAll(t, js)}
 		s := &viewSub{ws: dialState(env, itemsToken(t, c.tenant)), c: c}
 		s.subscribe(false)
 		subs = append(subs, s)
@@ -559,6 +699,21 @@ func TestFilteredSubscriptionsRandomized(t *testing.T) {
 		}
 		t.Logf("%s: %d rows, %d snapshots, %d transactions", s.c.name, len(s.c.rows), s.c.snaps, s.c.ends)
 	}
+	var clients []*viewClient
+	before := map[*viewClient]int{}
+	for _, s := range subs {
+		clients = append(clients, s.c)
+		before[s.c] = len(s.c.errs)
+	}
+	checkReplay(t, env, clients)
+	bounds := 0
+	for _, c := range clients {
+		bounds += len(c.bounds)
+		if len(c.errs) > before[c] {
+			t.Errorf("%s, against the table as of each boundary: %s", c.name, strings.Join(c.errs[before[c]:], "\n"))
+		}
+	}
+	t.Logf("%d boundaries checked against the table as of each", bounds)
 	st := env.node.Stats().Filter
 	t.Logf("filter stats: %+v", st)
 	if st.Skipped == 0 || st.Removals == 0 {
