@@ -72,14 +72,8 @@ func (n *Node) serveChanges(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, topicStatus(code), code, msg)
 		return
 	}
-	vreq, msg := viewParams(qv, "filter", "columns")
-	if msg != "" {
-		writeJSONError(w, http.StatusBadRequest, "bad-filter", msg)
-		return
-	}
-	v, code, msg := n.openView(r.Context(), topic, vreq)
-	if code != "" {
-		writeJSONError(w, viewStatus(code), code, msg)
+	v, ok := n.httpView(w, r, topic)
+	if !ok {
 		return
 	}
 	q := journal.Query{Entities: []string{topic}, Tenant: claims.Tenant, Cursor: qv.Get("cursor")}
@@ -162,13 +156,4 @@ func (n *Node) serveChanges(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(out)
-}
-
-// viewStatus is the HTTP status of openView's error codes.
-func viewStatus(code string) int {
-	switch code {
-	case "bad-filter", "bad-topic":
-		return http.StatusBadRequest
-	}
-	return http.StatusServiceUnavailable
 }

@@ -39,14 +39,8 @@ func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, status, code, msg)
 		return
 	}
-	vreq, msg := viewParams(r.URL.Query(), "filter", "columns")
-	if msg != "" {
-		writeJSONError(w, http.StatusBadRequest, "bad-filter", msg)
-		return
-	}
-	v, code, msg := n.openView(r.Context(), topic, vreq)
-	if code != "" {
-		writeJSONError(w, viewStatus(code), code, msg)
+	v, ok := n.httpView(w, r, topic)
+	if !ok {
 		return
 	}
 	if n.overloaded("memory") {
@@ -103,7 +97,7 @@ func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	n.snapshotEnded(snapshotOutcome(err), started)
 	var ref *errSnapshotRefused
-	msg = "the snapshot failed; retry"
+	msg := "the snapshot failed; retry"
 	if errors.As(err, &ref) {
 		msg = ref.msg
 	} else {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/http"
 	"net/url"
 	"slices"
 	"strings"
@@ -596,17 +597,14 @@ func (m *member) viewLocked(enc *liveFrames, c *liveChange) (*liveChange, bool) 
 	if err == nil {
 		action, payload = vc.decide(m.rows, m.snapshot)
 	}
+	st.countView(action)
 	switch action {
 	case viewSkip:
-		st.filterSkipped.Add(1)
 		return nil, false
 	case viewResync:
-		st.filterResyncs.Add(1)
 		m.rows.forget()
 		m.owesResync, m.unjudged = true, true
 		return &liveChange{seq: c.seq, epoch: c.epoch, op: c.op, commit: c.commit}, true
-	case viewRemove:
-		st.filterRemovals.Add(1)
 	}
 	return enc.viewChange(m.view, action, c, payload), true
 }
@@ -676,20 +674,18 @@ func (m *member) viewPageLocked(p readPage, carry *viewCarry, epoch int64) (read
 			}
 		}
 		var x *liveChange
+		if !unjudged {
+			st.countView(action)
+		}
 		switch {
 		case unjudged:
 			x = &liveChange{seq: e.Seq, op: e.Op, commit: e.CommitLSN.String()}
 		case action == viewSkip:
-			st.filterSkipped.Add(1)
 		case action == viewResync:
-			st.filterResyncs.Add(1)
 			m.rows.forget()
 			unjudged = true
 			x = &liveChange{seq: e.Seq, op: e.Op, commit: e.CommitLSN.String()}
 		default:
-			if action == viewRemove {
-				st.filterRemovals.Add(1)
-			}
 			x = &liveChange{seq: e.Seq, op: e.Op, commit: e.CommitLSN.String(), payload: payload}
 		}
 		if x != nil {
@@ -721,9 +717,9 @@ func viewRow(v *view, held *rowSet, body []byte, st *syncStats) ([]byte, error) 
 		return nil, fmt.Errorf("snapshot row: %w", err)
 	}
 	action, payload := vc.decide(held, true)
+	st.countView(action)
 	switch action {
 	case viewSkip:
-		st.filterSkipped.Add(1)
 		return nil, nil
 	case viewResync:
 		if vc.missing != "" {
@@ -748,22 +744,19 @@ func refusedMissingColumn(col string) error {
 func viewSnapshotChange(v *view, held *rowSet, env []byte, st *syncStats) ([]byte, error) {
 	vc, err := v.judge(env)
 	if err != nil {
-		st.filterResyncs.Add(1)
+		st.countView(viewResync)
 		return []byte{}, nil
 	}
 	action, payload := vc.decide(held, true)
+	st.countView(action)
 	switch action {
 	case viewSkip:
-		st.filterSkipped.Add(1)
 		return nil, nil
 	case viewResync:
-		st.filterResyncs.Add(1)
 		if vc.missing != "" {
 			return nil, refusedMissingColumn(vc.missing)
 		}
 		return []byte{}, nil
-	case viewRemove:
-		st.filterRemovals.Add(1)
 	}
 	return payload, nil
 }
@@ -949,17 +942,54 @@ func viewChanges(v *view, entries []journal.Entry, st *syncStats) (out []json.Ra
 			return nil, true
 		}
 		action, payload := vc.decide(nil, false)
+		st.countView(action)
 		switch action {
 		case viewSkip:
-			st.filterSkipped.Add(1)
 			continue
 		case viewResync:
-			st.filterResyncs.Add(1)
 			return nil, true
-		case viewRemove:
-			st.filterRemovals.Add(1)
 		}
 		out = append(out, payload)
 	}
 	return out, false
+}
+
+// countView counts what a filtered subscription's view made of a change
+// (Stats.Filter).
+func (st *syncStats) countView(a viewAction) {
+	switch a {
+	case viewSkip:
+		st.filterSkipped.Add(1)
+	case viewRemove:
+		st.filterRemovals.Add(1)
+	case viewResync:
+		st.filterResyncs.Add(1)
+	}
+}
+
+// httpView reads the filter and column list of a GET /v1/snapshot or GET
+// /v1/changes request for topic (filter=, columns=), answering a refusal
+// itself (400 bad-filter naming the problem, 503 when the catalog cannot be
+// read): ok false then. nil without either.
+func (n *Node) httpView(w http.ResponseWriter, r *http.Request, topic string) (v *view, ok bool) {
+	vreq, msg := viewParams(r.URL.Query(), "filter", "columns")
+	if msg != "" {
+		writeJSONError(w, http.StatusBadRequest, "bad-filter", msg)
+		return nil, false
+	}
+	v, code, msg := n.openView(r.Context(), topic, vreq)
+	if code != "" {
+		writeJSONError(w, viewStatus(code), code, msg)
+		return nil, false
+	}
+	return v, true
+}
+
+// viewStatus is the HTTP status of openView's error codes.
+func viewStatus(code string) int {
+	switch code {
+	case "bad-filter", "bad-topic":
+		return http.StatusBadRequest
+	}
+	return http.StatusServiceUnavailable
 }
