@@ -127,6 +127,7 @@ Exit status: 0 after a clean stop (SIGINT/SIGTERM), 1 when the node fails,
 	f.Int64Var(&sf.cfg.MaxMemoryBytes, "max-memory-bytes", syncnode.DefaultMaxMemoryBytes, "bytes queued on sockets plus snapshot rows spooled in memory beyond which new sockets and snapshots get 503 with Retry-After (negative: no bound)")
 	f.Int64Var(&sf.cfg.MaxReplayEntries, "max-replay-entries", syncnode.DefaultMaxReplayEntries, "journal entries a socket's catch-up replays at most; further behind it gets resync (or a fresh snapshot) instead (negative: no bound)")
 	f.IntVar(&sf.cfg.MaxFilterRows, "max-filter-rows", syncnode.DefaultMaxFilterRows, "keys of rows a filtered subscription's client holds that the node keeps, to send a removal only for rows the client has (about 50 bytes a key of one integer column); past it the node sends one for every row that may have left the filter (negative: keep none)")
+	f.Int64Var(&sf.cfg.MaxFilterMemoryBytes, "max-filter-memory-bytes", syncnode.DefaultMaxFilterMemoryBytes, "memory of the row keys the node keeps for every filtered subscription together (see --max-filter-rows); a subscription whose keys would pass it keeps none (negative: no bound)")
 	f.Float64Var(&sf.cfg.State.Rate, "snapshot-rate", 2, "snapshots per second a client may ask for, per client address and per token subject, before error rate-limited (0: unlimited)")
 	f.IntVar(&sf.cfg.State.Burst, "snapshot-burst", 20, "burst of snapshots above --snapshot-rate")
 	sf.logs.register(cmd)

@@ -32,7 +32,7 @@ type syncStats struct {
 	// sent because its view excludes them, removals sent for rows that
 	// left a view, changes a view could not judge (answered with a
 	// resync), and members whose row set passed MaxFilterRows.
-	filterSkipped, filterRemovals, filterResyncs, rowSetsOverflowed atomic.Int64
+	filterSkipped, filterRemovals, filterResyncs atomic.Int64
 	// snapshotsQueued counts snapshots asked for and waiting for a slot
 	// (the socket's or the client's); reads waiting for one of the node's
 	// --max-concurrent-snapshots, the running ones and the rows sent are
@@ -102,9 +102,13 @@ type Stats struct {
 // FilterStats: Skipped changes of members' scopes their views exclude
 // (frames not sent), Removals of rows that left a view, Resyncs for
 // changes a view could not judge, RowSetsOverflowed members whose rows
-// passed MaxFilterRows (the node no longer knows which rows they hold).
+// passed MaxFilterRows or the node's MaxFilterMemoryBytes (the node no
+// longer knows which rows they hold).
 type FilterStats struct {
 	Skipped, Removals, Resyncs, RowSetsOverflowed int64
+	// RowSetBytes is what the row sets hold now, against
+	// MaxFilterMemoryBytes.
+	RowSetBytes int64
 }
 
 // Stats returns a snapshot of the node's counters.
@@ -117,7 +121,7 @@ func (n *Node) Stats() Stats {
 		Snapshots: map[string]int64{}, SnapshotsQueued: st.snapshotsQueued.Load()}
 	out.MemoryBytes = st.queuedBytes.Load()
 	out.Filter = FilterStats{Skipped: st.filterSkipped.Load(), Removals: st.filterRemovals.Load(),
-		Resyncs: st.filterResyncs.Load(), RowSetsOverflowed: st.rowSetsOverflowed.Load()}
+		Resyncs: st.filterResyncs.Load(), RowSetsOverflowed: n.rowBudget.overflowed.Load(), RowSetBytes: n.rowBudget.used.Load()}
 	if n.state != nil {
 		out.SnapshotsRunning, out.SnapshotRows = n.state.active.Load(), n.state.rows.Load()
 		out.SnapshotTenantUnknown = map[string]int64{"table": n.state.unknownTables.Load(), "row": n.state.unknownRows.Load()}
@@ -263,7 +267,12 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 		return nil, err
 	}
 	rowSetsOver, err := meter.Int64ObservableCounter("walcast.sync.filter.rowsets_overflowed",
-		metric.WithDescription("filtered subscriptions whose rows passed --max-filter-rows: the node no longer knows which rows they hold and sends a removal for every row that may have left (raise the flag to save those frames)"))
+		metric.WithDescription("filtered subscriptions whose rows passed --max-filter-rows, or the node's --max-filter-memory-bytes: the node no longer knows which rows they hold and sends a removal for every row that may have left (raise the flags to save those frames)"))
+	if err != nil {
+		return nil, err
+	}
+	rowSetBytes, err := meter.Int64ObservableUpDownCounter("walcast.sync.filter.rowset", metric.WithUnit("By"),
+		metric.WithDescription("memory of the keys the node keeps of the rows filtered subscriptions hold (at most --max-filter-memory-bytes)"))
 	if err != nil {
 		return nil, err
 	}
@@ -306,6 +315,7 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 		o.ObserveInt64(filterCounts, s.Filter.Removals, metric.WithAttributes(attribute.String("outcome", "removal")))
 		o.ObserveInt64(filterCounts, s.Filter.Resyncs, metric.WithAttributes(attribute.String("outcome", "resync")))
 		o.ObserveInt64(rowSetsOver, s.Filter.RowSetsOverflowed)
+		o.ObserveInt64(rowSetBytes, s.Filter.RowSetBytes)
 		if n.j.HasReplica() {
 			o.ObserveInt64(standbyReads, s.JournalStandby.Reads)
 			o.ObserveInt64(standbyWaits, s.JournalStandby.Waits)
@@ -315,7 +325,7 @@ func registerSyncMetrics(meter metric.Meter, n *Node) (metric.Registration, erro
 		}
 		return nil
 	}, standbyReads, standbyWaits, standbyFallbacks, open, sent, dropped, gaps, received, closed, rejected, repairs, epochs, snapshots, snapRows, snapUnknown, snapRunning, snapQueued,
-		snapReads, snapShared, spoolBytes, memBytes, filterCounts, rowSetsOver)
+		snapReads, snapShared, spoolBytes, memBytes, filterCounts, rowSetsOver, rowSetBytes)
 }
 
 // noteReplica logs, once per minute at most, that journal reads meant for

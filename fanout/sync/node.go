@@ -40,6 +40,9 @@ const (
 	DefaultIdleTimeout      = 120 * time.Second
 	DefaultMaxFrameBytes    = 4096
 	DefaultMaxFilterRows    = 100_000
+	// DefaultMaxFilterMemoryBytes: every filtered subscription's row keys
+	// together.
+	DefaultMaxFilterMemoryBytes = 256 << 20
 	DefaultInboundRate      = 20
 	DefaultInboundBurst     = 60
 	DefaultWriteTimeout     = 10 * time.Second
@@ -142,6 +145,11 @@ type Config struct {
 	// node sends a removal for every row that may have left the filter.
 	// 0 means DefaultMaxFilterRows, negative keeps none.
 	MaxFilterRows int
+	// MaxFilterMemoryBytes bounds the memory of every filtered
+	// subscription's row keys together; a subscription whose keys would
+	// pass it keeps none, as past MaxFilterRows. 0 means
+	// DefaultMaxFilterMemoryBytes, negative no bound.
+	MaxFilterMemoryBytes int64
 	// FilterLimits bound the filters clients send; zero fields take
 	// filter.DefaultLimits'.
 	FilterLimits filter.Limits
@@ -196,6 +204,9 @@ func (c *Config) setDefaults() error {
 	if c.MaxFilterRows == 0 {
 		c.MaxFilterRows = DefaultMaxFilterRows
 	}
+	if c.MaxFilterMemoryBytes == 0 {
+		c.MaxFilterMemoryBytes = DefaultMaxFilterMemoryBytes
+	}
 	if c.MaxFrameBytes <= 0 {
 		c.MaxFrameBytes = DefaultMaxFrameBytes
 	}
@@ -239,6 +250,9 @@ type Node struct {
 	poller *idlePoller
 	accept *tokenBucket
 	limits clientLimits // per-address and per-subject budgets
+	// rowBudget bounds the row keys of every filtered subscription
+	// together (view.go).
+	rowBudget rowBudget
 
 	changesHook atomic.Pointer[func(*http.Request)] // tests: runs before each /v1/changes journal read
 	state       *stateSource                        // snapshots; nil without a source (state.go)
@@ -288,6 +302,7 @@ func Open(ctx context.Context, cfg Config) (*Node, error) {
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.reads.n = n
 	n.limits.init(&n.cfg)
+	n.rowBudget.limit = max(cfg.MaxFilterMemoryBytes, 0)
 	if cfg.AcceptRate > 0 {
 		burst := cfg.AcceptBurst
 		if burst <= 0 {
@@ -812,6 +827,9 @@ func (n *Node) leave(m *member) {
 	n.mu.Lock()
 	t.mu.Lock()
 	m.state = memberGone
+	if m.rows != nil {
+		m.rows.forget() // gives its keys' memory back
+	}
 	if m.job != nil {
 		m.job.cancel() // a snapshot stops reading at once
 		m.job = nil

@@ -76,6 +76,9 @@ func (n *Node) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 		q.View = v.text
 	}
 	res, err := n.readStateAgain(ctx, q, v, "", sink)
+	if res.held != nil {
+		res.held.forget() // a reader over HTTP is not followed
+	}
 	if err == nil {
 		var cur string
 		if cur, err = n.j.CursorAt(q, res.epoch, res.pos); err == nil {

@@ -991,7 +991,12 @@ func (n *Node) acquireSnapshot(ctx context.Context, socketSlots *slots, keys ...
 // was reset under it, up to snapshotAttempts times.
 func (n *Node) readStateAgain(ctx context.Context, q journal.Query, v *view, reason string, sink stateSink) (res stateResult, err error) {
 	for range snapshotAttempts {
-		if res, err = n.readState(ctx, q, v, reason, sink); !errors.Is(err, errSnapshotRestart) {
+		res, err = n.readState(ctx, q, v, reason, sink)
+		if err != nil && res.held != nil {
+			res.held.forget() // the client drops what it read: so does the node
+			res.held = nil
+		}
+		if !errors.Is(err, errSnapshotRestart) {
 			break
 		}
 		reason = "resync"
@@ -1040,6 +1045,9 @@ func (s *socket) runSnapshot(ctx context.Context, m *member, j *snapJob, reason 
 	defer t.mu.Unlock()
 	if m.job != j || m.state != memberSnapshotting {
 		n.snapshotEnded("cancelled", started)
+		if res.held != nil {
+			res.held.forget()
+		}
 		return
 	}
 	m.job = nil
@@ -1053,6 +1061,7 @@ func (s *socket) runSnapshot(ctx context.Context, m *member, j *snapJob, reason 
 	m.pos, m.epoch, m.state = res.pos, res.epoch, memberCatchingUp
 	m.mid, m.owesResync, m.unjudged, m.held = false, false, false, nil // the snapshot's position is a transaction boundary
 	if m.view != nil {
+		m.rows.forget()
 		m.rows = res.held
 	}
 	s.enqueue(newFrame(snapshotEndPayload(m.topic, cur, res)), nil)

@@ -390,20 +390,49 @@ const (
 type rowSet struct {
 	known bool
 	keys  map[string]struct{}
-	max   int
-	// overflowed counts the sets that passed max (a node metric).
-	overflowed *atomic.Int64
+	max   int        // keys at most (0: no bound of its own)
+	b     *rowBudget // the node's, shared by every set (nil: none)
+	bytes int64      // what the keys count against b
 }
+
+// rowBudget bounds the memory of every row set of a node together, so
+// that no number of filtered subscriptions can exhaust it: a set that
+// would pass it forgets its keys instead.
+type rowBudget struct {
+	used  atomic.Int64
+	limit int64 // 0: no bound
+	// overflowed counts the sets that passed their own bound or the
+	// node's (a node metric).
+	overflowed atomic.Int64
+}
+
+// keyCost is what a key counts against a rowBudget: its bytes and about
+// what a map entry of it takes besides (BenchmarkViewMemory).
+func keyCost(k string) int64 { return int64(len(k)) + 40 }
 
 // newRowSet is the set of a client that holds nothing yet (a fresh
 // subscription, or a snapshot about to send its rows).
-func newRowSet(max int, overflowed *atomic.Int64) *rowSet {
-	return &rowSet{known: true, keys: map[string]struct{}{}, max: max, overflowed: overflowed}
+func newRowSet(max int, b *rowBudget) *rowSet {
+	return &rowSet{known: true, keys: map[string]struct{}{}, max: max, b: b}
 }
 
-// forget makes the set unknown.
+// forget makes the set unknown, and gives its memory back.
 func (r *rowSet) forget() {
+	r.release()
 	r.known, r.keys = false, nil
+}
+
+// reset makes the set known and empty (after a truncate).
+func (r *rowSet) reset() {
+	r.release()
+	r.known, r.keys = true, map[string]struct{}{}
+}
+
+func (r *rowSet) release() {
+	if r.b != nil && r.bytes != 0 {
+		r.b.used.Add(-r.bytes)
+	}
+	r.bytes = 0
 }
 
 func (r *rowSet) add(k string) {
@@ -413,19 +442,32 @@ func (r *rowSet) add(k string) {
 	if _, ok := r.keys[k]; ok {
 		return
 	}
-	if r.max > 0 && len(r.keys) >= r.max {
+	cost := keyCost(k)
+	if (r.max > 0 && len(r.keys) >= r.max) || (r.b != nil && r.b.limit > 0 && r.b.used.Load()+cost > r.b.limit) {
 		r.forget()
-		if r.overflowed != nil {
-			r.overflowed.Add(1)
+		if r.b != nil {
+			r.b.overflowed.Add(1)
 		}
 		return
 	}
 	r.keys[k] = struct{}{}
+	r.bytes += cost
+	if r.b != nil {
+		r.b.used.Add(cost)
+	}
 }
 
 func (r *rowSet) del(k string) {
-	if r.known {
+	if !r.known {
+		return
+	}
+	if _, ok := r.keys[k]; ok {
 		delete(r.keys, k)
+		cost := keyCost(k)
+		r.bytes -= cost
+		if r.b != nil {
+			r.b.used.Add(-cost)
+		}
 	}
 }
 
@@ -493,7 +535,7 @@ func (r *rowSet) apply(c *viewChange, state bool) viewAction {
 		return viewSend
 	case decoder.OpTruncate:
 		if r != nil {
-			*r = rowSet{known: true, keys: map[string]struct{}{}, max: r.max, overflowed: r.overflowed}
+			r.reset()
 		}
 	}
 	return viewSend
@@ -572,7 +614,7 @@ func (n *Node) openView(ctx context.Context, topic string, req viewRequest) (v *
 
 // newRows is the row set of a member that holds nothing of v yet.
 func (n *Node) newRows() *rowSet {
-	r := newRowSet(n.cfg.MaxFilterRows, &n.stats.rowSetsOverflowed)
+	r := newRowSet(n.cfg.MaxFilterRows, &n.rowBudget)
 	if n.cfg.MaxFilterRows < 0 {
 		r.forget()
 	}

@@ -1041,3 +1041,44 @@ func TestFilterSchemaChange(t *testing.T) {
 		return f.T == "error" && f.Code == "bad-filter" && strings.Contains(f.Message, `column "status" is not a published column`)
 	})
 }
+
+// TestFilterRowSetBudget: the keys the node keeps of filtered
+// subscriptions' rows are bounded node-wide (MaxFilterMemoryBytes); a
+// subscription that would pass the bound keeps none and is sent a removal
+// for every row that may have left its filter, so its rows stay exact;
+// the memory is given back when the subscriptions end.
+func TestFilterRowSetBudget(t *testing.T) {
+	const budget = 4 << 10
+	env := newStateEnvWith(t, func(_ *replication.Config, c *Config) { c.MaxFilterMemoryBytes = budget }, itemsSetup...)
+	pgtest.MustExec(t, env.src, `INSERT INTO items SELECT g, NULL, 'paid', g, 'x' FROM generate_series(1, 200) g`)
+	waitFor(t, "items to be journaled", func() bool { return env.node.known("public.items") })
+	var subs []*viewSub
+	for i := range 3 {
+		c := &viewClient{name: fmt.Sprint("client ", i), filter: `{"col":"status","op":"=","value":"paid"}`, where: "status = 'paid'", cols: []string{"status"}}
+		s := &viewSub{ws: dialState(env, itemsToken(t, "")), c: c}
+		s.subscribe(false)
+		subs = append(subs, s)
+	}
+	for _, s := range subs {
+		for s.c.snaps == 0 {
+			s.drain(t, 50*time.Millisecond)
+		}
+	}
+	st := env.node.Stats().Filter
+	if st.RowSetsOverflowed == 0 || st.RowSetBytes > budget {
+		t.Fatalf("200 rows for 3 subscriptions under a budget of %d bytes: %+v", budget, st)
+	}
+	pgtest.MustExec(t, env.src, `UPDATE items SET status = 'void' WHERE id % 3 = 0`, `DELETE FROM items WHERE id % 5 = 0`)
+	for _, s := range subs {
+		want := s.c.want(t, env.src)
+		waitFor(t, s.c.name+" exact", func() bool {
+			s.drain(t, 50*time.Millisecond)
+			return diffViews(s.c.rows, want) == ""
+		})
+		if len(s.c.errs) > 0 {
+			t.Fatal(s.c.errs)
+		}
+		s.ws.ws.c.Close()
+	}
+	waitFor(t, "the row sets' memory given back", func() bool { return env.node.Stats().Filter.RowSetBytes == 0 })
+}
