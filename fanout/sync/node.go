@@ -43,10 +43,10 @@ const (
 	// DefaultMaxFilterMemoryBytes: every filtered subscription's row keys
 	// together.
 	DefaultMaxFilterMemoryBytes = 256 << 20
-	DefaultInboundRate      = 20
-	DefaultInboundBurst     = 60
-	DefaultWriteTimeout     = 10 * time.Second
-	DefaultMaxLag           = 30 * time.Second
+	DefaultInboundRate          = 20
+	DefaultInboundBurst         = 60
+	DefaultWriteTimeout         = 10 * time.Second
+	DefaultMaxLag               = 30 * time.Second
 	// HTTP server limits (HTTPServer).
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultHTTPWriteTimeout  = 30 * time.Second
