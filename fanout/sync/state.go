@@ -307,9 +307,16 @@ type stateResult struct {
 var errSnapshotRestart = errors.New("the journal was reset during the snapshot")
 
 // errSnapshotViewRestart: a change after a filtered snapshot's rows could
-// not be judged under its view (view.go); read the rows again, which then
-// hold it. It is an errSnapshotRestart.
-var errSnapshotViewRestart = fmt.Errorf("a change after the rows could not be judged under the subscription's filter: %w", errSnapshotRestart)
+// not be judged (or filled) under its view (view.go); read the rows again,
+// which then hold it. It is an errSnapshotRestart.
+var errSnapshotViewRestart error = viewRestart{}
+
+type viewRestart struct{}
+
+func (viewRestart) Error() string {
+	return "a change after the rows could not be judged under the subscription's filter"
+}
+func (viewRestart) Is(target error) bool { return target == errSnapshotRestart }
 
 // readState runs one snapshot of q's topic (steps 1–4 above), sending
 // snapshot-begin, the rows and the changes that follow them up to the

@@ -804,8 +804,9 @@ func viewSnapshotChange(v *view, held *rowSet, env []byte, st *syncStats) ([]byt
 }
 
 // fillBudget bounds the values one filtered snapshot keeps to fill the
-// unchanged columns of the changes after its rows (snapshotFills).
-const fillBudget = 64 << 20
+// unchanged columns of the changes after its rows (snapshotFills); at most
+// --max-concurrent-snapshots snapshots hold them at once.
+const fillBudget = 16 << 20
 
 // fillMinBytes: values shorter than this are never kept, as PostgreSQL
 // stores such a value inline and so always sends it.
