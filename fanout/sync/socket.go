@@ -500,7 +500,7 @@ type clientFrame struct {
 }
 
 func (f *clientFrame) view() viewRequest {
-	r := viewRequest{filter: f.Filter}
+	r := viewRequest{}.withFilter(f.Filter)
 	if f.Columns != nil {
 		r.columns, r.hasCols = *f.Columns, true
 	}

@@ -45,6 +45,15 @@ type viewRequest struct {
 
 func (r viewRequest) empty() bool { return len(r.filter) == 0 && !r.hasCols }
 
+// withFilter sets r's filter; JSON null is no filter.
+func (r viewRequest) withFilter(raw json.RawMessage) viewRequest {
+	if t := bytes.TrimSpace(raw); len(t) == 0 || string(t) == "null" {
+		raw = nil
+	}
+	r.filter = raw
+	return r
+}
+
 // text is the request in one canonical form, the view's text: the filter
 // decoded and encoded again (objects' keys sorted, strings' escapes and
 // numbers' spelling as json.Marshal writes them, no HTML escaping), and
@@ -96,9 +105,6 @@ func compileView(e journal.CatalogEntry, ok bool, req viewRequest, lim filter.Li
 		return nil, &errViewRefused{msg: refusedMissing(entity).Error()}
 	}
 	cols := e.ColumnInfos()
-	if bytes.Equal(bytes.TrimSpace(req.filter), []byte("null")) {
-		req.filter = nil
-	}
 	v := &view{keyCols: e.KeyColumns()}
 	if len(req.filter) > 0 {
 		f, err := filter.Compile(req.filter, cols, lim)
@@ -948,10 +954,10 @@ func viewParams(q url.Values, filterKey, colsKey string) (viewRequest, string) {
 		if len(fs[0]) > maxViewParamBytes {
 			return r, fmt.Sprintf("%s is %d bytes, more than the limit of %d", filterKey, len(fs[0]), maxViewParamBytes)
 		}
-		r.filter = json.RawMessage(fs[0])
-		if !json.Valid(r.filter) {
+		if !json.Valid([]byte(fs[0])) {
 			return r, filterKey + " is not JSON; give the filter's JSON form, URL-encoded (docs/filters.md)"
 		}
+		r = r.withFilter(json.RawMessage(fs[0]))
 	}
 	if cs, ok := q[colsKey]; ok {
 		if len(cs) > 1 {

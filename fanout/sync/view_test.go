@@ -840,6 +840,7 @@ func TestFilterCursorBoundToTheFilter(t *testing.T) {
 		{"another filter", map[string]any{"filter": json.RawMessage(`{"col":"status","op":"=","value":"void"}`), "columns": []string{"status"}}, "bad-cursor"},
 		{"other columns", map[string]any{"filter": paid}, "bad-cursor"},
 		{"no filter", map[string]any{}, "bad-cursor"},
+		{"a null filter, which is none", map[string]any{"filter": json.RawMessage(`null`)}, "bad-cursor"},
 	} {
 		f := map[string]any{"t": "sub", "topic": "public.items", "cursor": cur}
 		for k, v := range tc.sub {
