@@ -422,8 +422,12 @@ func newRowSet(max int, b *rowBudget) *rowSet {
 	return &rowSet{known: true, keys: map[string]struct{}{}, max: max, b: b}
 }
 
-// forget makes the set unknown, and gives its memory back.
+// forget makes the set unknown, and gives its memory back. Like add and
+// del, it does nothing on a nil set (a reader the node keeps nothing of).
 func (r *rowSet) forget() {
+	if r == nil {
+		return
+	}
 	r.release()
 	r.known, r.keys = false, nil
 }
@@ -442,7 +446,7 @@ func (r *rowSet) release() {
 }
 
 func (r *rowSet) add(k string) {
-	if !r.known {
+	if r == nil || !r.known {
 		return
 	}
 	if _, ok := r.keys[k]; ok {
@@ -464,7 +468,7 @@ func (r *rowSet) add(k string) {
 }
 
 func (r *rowSet) del(k string) {
-	if !r.known {
+	if r == nil || !r.known {
 		return
 	}
 	if _, ok := r.keys[k]; ok {
@@ -503,41 +507,41 @@ func (r *rowSet) apply(c *viewChange, state bool) viewAction {
 		switch c.now {
 		case filter.Matches:
 			if c.holes && state {
-				r.forgetIfSet()
+				r.forget()
 				return viewResync
 			}
-			r.addIfSet(c.newKey)
+			r.add(c.newKey)
 			return viewSend
 		case filter.NoMatch:
 			return viewSkip
 		}
-		r.forgetIfSet()
+		r.forget()
 		return viewResync
 	case decoder.OpUpdate:
 		held := r.held(c)
 		switch c.now {
 		case filter.Matches:
 			if c.holes && state && held != 1 {
-				r.forgetIfSet()
+				r.forget()
 				return viewResync
 			}
-			r.delIfSet(c.oldKey)
-			r.addIfSet(c.newKey)
+			r.del(c.oldKey)
+			r.add(c.newKey)
 			return viewSend
 		case filter.NoMatch:
 			if held == 0 {
 				return viewSkip
 			}
-			r.delIfSet(c.oldKey)
+			r.del(c.oldKey)
 			return viewRemove
 		}
-		r.forgetIfSet()
+		r.forget()
 		return viewResync
 	case decoder.OpDelete:
 		if r.held(c) == 0 {
 			return viewSkip
 		}
-		r.delIfSet(c.oldKey)
+		r.del(c.oldKey)
 		return viewSend
 	case decoder.OpTruncate:
 		if r != nil {
@@ -547,23 +551,6 @@ func (r *rowSet) apply(c *viewChange, state bool) viewAction {
 	return viewSend
 }
 
-func (r *rowSet) forgetIfSet() {
-	if r != nil {
-		r.forget()
-	}
-}
-
-func (r *rowSet) addIfSet(k string) {
-	if r != nil {
-		r.add(k)
-	}
-}
-
-func (r *rowSet) delIfSet(k string) {
-	if r != nil {
-		r.del(k)
-	}
-}
 
 // viewCache judges one change once per view in one pass over members,
 // decoding it once for all of them.
