@@ -551,7 +551,6 @@ func (r *rowSet) apply(c *viewChange, state bool) viewAction {
 	return viewSend
 }
 
-
 // viewCache judges one change once per view in one pass over members,
 // decoding it once for all of them.
 type viewCache struct {
