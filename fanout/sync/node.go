@@ -251,8 +251,10 @@ type Node struct {
 	accept *tokenBucket
 	limits clientLimits // per-address and per-subject budgets
 	// rowBudget bounds the row keys of every filtered subscription
-	// together (view.go).
-	rowBudget rowBudget
+	// together (view.go); viewCatalog keeps the catalog entries their
+	// filters are checked against.
+	rowBudget   rowBudget
+	viewCatalog catalogCache
 
 	changesHook atomic.Pointer[func(*http.Request)] // tests: runs before each /v1/changes journal read
 	state       *stateSource                        // snapshots; nil without a source (state.go)

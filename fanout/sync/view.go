@@ -11,7 +11,9 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/walcast/walcast/decoder"
 	"github.com/walcast/walcast/fanout/filter"
@@ -592,7 +594,7 @@ func (n *Node) openView(ctx context.Context, topic string, req viewRequest) (v *
 	if !ok {
 		return nil, "bad-topic", "topic is not schema.table"
 	}
-	e, found, err := n.j.Catalog(ctx, journal.Table{Schema: schema, Name: table})
+	e, found, err := n.viewCatalog.get(ctx, n.j, journal.Table{Schema: schema, Name: table})
 	if err != nil {
 		n.warnEvery("view-catalog", "cannot read the catalog for a filtered subscription", "topic", topic, "err", err)
 		return nil, "unavailable", "cannot read the table's columns now; retry"
@@ -1027,4 +1029,47 @@ func viewStatus(code string) int {
 		return http.StatusBadRequest
 	}
 	return http.StatusServiceUnavailable
+}
+
+// catalogCache keeps the catalog entries filtered subscriptions are checked
+// against for a second, so that subscribing (at the inbound frame rate of
+// every socket) costs the journal one read per table and second at most.
+// An entry a second old is as good as a fresh one: the catalog itself
+// follows the source within seconds (docs/sync.md "Scope: the catalog").
+type catalogCache struct {
+	mu sync.Mutex
+	m  map[journal.Table]cachedCatalog
+}
+
+type cachedCatalog struct {
+	e     journal.CatalogEntry
+	found bool
+	at    time.Time
+}
+
+// catalogCacheTTL and catalogCacheMax: how long an entry is used, and how
+// many are kept (the cache starts over past it).
+const (
+	catalogCacheTTL = time.Second
+	catalogCacheMax = 4096
+)
+
+func (c *catalogCache) get(ctx context.Context, j *journal.Journal, t journal.Table) (journal.CatalogEntry, bool, error) {
+	c.mu.Lock()
+	if ce, ok := c.m[t]; ok && time.Since(ce.at) < catalogCacheTTL {
+		c.mu.Unlock()
+		return ce.e, ce.found, nil
+	}
+	c.mu.Unlock()
+	e, found, err := j.Catalog(ctx, t)
+	if err != nil {
+		return e, false, err
+	}
+	c.mu.Lock()
+	if c.m == nil || len(c.m) >= catalogCacheMax {
+		c.m = map[journal.Table]cachedCatalog{}
+	}
+	c.m[t] = cachedCatalog{e: e, found: found, at: time.Now()}
+	c.mu.Unlock()
+	return e, found, nil
 }

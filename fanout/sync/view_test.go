@@ -804,6 +804,27 @@ func TestFilterRefusedOnSub(t *testing.T) {
 		}()
 	}
 
+	// A flood of filtered subs, valid and not, on one socket: each is
+	// answered (the catalog is read once a second, not once a sub) and
+	// the node keeps serving.
+	flood := env.mustDial(itemsToken(t, ""))
+	const subs = 900
+	for i := range subs {
+		f := json.RawMessage(fmt.Sprintf(`{"col":"amount","op":">","value":%d}`, i))
+		if i%3 == 0 {
+			f = json.RawMessage(`{"col":"nope","op":"is null"}`)
+		}
+		flood.send(map[string]any{"t": "sub", "topic": "public.items", "filter": f})
+	}
+	answered := map[string]int{}
+	for range subs {
+		f := flood.read()
+		answered[f.T+"/"+f.Code]++
+	}
+	if answered["subscribed/"] != subs*2/3 || answered["error/bad-filter"] != subs/3 {
+		t.Fatalf("a flood of %d subs was answered %v", subs, answered)
+	}
+
 	// Characters that mean something in patterns are plain characters.
 	c := env.mustDial(itemsToken(t, ""))
 	c.send(map[string]any{"t": "sub", "topic": "public.items", "filter": json.RawMessage(`{"col":"status","op":"in","values":[".*","%","p_id"]}`)})
