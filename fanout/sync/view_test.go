@@ -971,10 +971,33 @@ func TestFilterHTTPAndEvents(t *testing.T) {
 		t.Fatalf("filter stats %+v", st)
 	}
 
+	// columns= alone: the key columns only.
+	resp = get("/v1/snapshot?topic=public.items&columns=")
+	sc = bufio.NewScanner(resp.Body)
+	keysOnly := 0
+	for sc.Scan() {
+		var f viewFrame
+		var e viewEnv
+		if json.Unmarshal(sc.Bytes(), &f) == nil && f.T == "row" && json.Unmarshal(f.Row, &e) == nil {
+			if len(e.After) != 1 || e.After["id"] == nil {
+				t.Fatalf("columns= (the key columns only) sent %s", f.Row)
+			}
+			keysOnly++
+		}
+	}
+	resp.Body.Close()
+	if keysOnly == 0 {
+		t.Fatal("columns=: no rows")
+	}
+
 	for _, tc := range []struct{ query, code string }{
 		{"topic=public.items&filter=" + url.QueryEscape(`{"col":"nope","op":"is null"}`), "bad-filter"},
 		{"topic=public.items&filter=%7Bnot-json", "bad-filter"},
 		{"topic=public.items&columns=nope", "bad-filter"},
+		{"topic=public.items&filter=", "bad-filter"},
+		{"topic=public.items&filter=" + url.QueryEscape(`{"col":"status","op":"=","value":"`+strings.Repeat("x", 100<<10)+`"}`), "bad-filter"},
+		{"topic=public.items&filter=" + url.QueryEscape("{\"col\":\"st\xffatus\",\"op\":\"is null\"}"), "bad-filter"},
+		{"topic=public.items&filter=" + url.QueryEscape(`{"col":"status","op":"is null"}`) + "&filter=" + url.QueryEscape(`{"col":"amount","op":"is null"}`), "bad-filter"},
 		{"topic=public.items&filter=" + url.QueryEscape(`{"col":"status","op":"=","value":"new"}`) + "&cursor=" + url.QueryEscape(c.cursor), "bad-cursor"},
 	} {
 		for _, path := range []string{"/v1/changes?", "/v1/snapshot?"} {
