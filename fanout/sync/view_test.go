@@ -191,10 +191,10 @@ func itemWriter(t *testing.T, url string, seed uint64, n int, stop <-chan struct
 type viewClient struct {
 	name    string
 	tenant  string
-	filter  string // JSON
-	where   string // the filter as SQL
-	cols    []string // the columns its rows have
-	asked   []string // the column list it subscribes with (cols when nil)
+	filter  string                       // JSON
+	where   string                       // the filter as SQL
+	cols    []string                     // the columns its rows have
+	asked   []string                     // the column list it subscribes with (cols when nil)
 	rows    map[string]map[string]string // id → column → normalized value
 	pending []viewEnv                    // the transaction being received
 	snap    map[string]map[string]string // the snapshot being received
