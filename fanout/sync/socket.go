@@ -639,7 +639,7 @@ func (s *socket) subscribe(topic, cursor string, snapshot bool, vreq viewRequest
 	if v != nil {
 		// A client that resumes holds rows the node cannot know of; one
 		// that starts afresh holds none (a snapshot records its rows).
-		m.rows = n.newRows()
+		m.rows = n.newRows(v)
 		if cursor != "" {
 			m.rows.forget()
 		}

@@ -335,7 +335,7 @@ func (n *Node) readState(ctx context.Context, q journal.Query, v *view, reason s
 	res := stateResult{id: st.ids.Add(1)}
 	var fills *snapshotFills
 	if v != nil {
-		res.held, fills = n.newRows(), newSnapshotFills(v)
+		res.held, fills = n.newRows(v), newSnapshotFills(v)
 	}
 	key := spoolKey{entity: topic, tenant: q.Tenant, epoch: n.epoch.Load()}
 	if st.j != nil {

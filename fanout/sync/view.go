@@ -29,6 +29,10 @@ type view struct {
 	filter  *filter.Filter     // nil: every row
 	proj    *filter.Projection // nil: every column
 	keyCols []string           // the table's key columns (replica identity)
+	// oldRows: the table's replica identity is FULL, so every update and
+	// delete carries the whole old row and the filter decides from it
+	// whether the client held the row; no row set is kept.
+	oldRows bool
 	// text is the request's canonical form (viewRequest.text). It binds
 	// cursors (journal.Query.View), so a cursor is never resumed under
 	// another filter or column list, and names the view in a callback's
@@ -107,7 +111,7 @@ func compileView(e journal.CatalogEntry, ok bool, req viewRequest, lim filter.Li
 		return nil, &errViewRefused{msg: refusedMissing(entity).Error()}
 	}
 	cols := e.ColumnInfos()
-	v := &view{keyCols: e.KeyColumns()}
+	v := &view{keyCols: e.KeyColumns(), oldRows: e.ReplicaIdentity == journal.IdentityFull}
 	if len(req.filter) > 0 {
 		f, err := filter.Compile(req.filter, cols, lim)
 		if err != nil {
@@ -546,8 +550,8 @@ func (r *rowSet) apply(c *viewChange, state bool) viewAction {
 		r.del(c.oldKey)
 		return viewSend
 	case decoder.OpTruncate:
-		if r != nil {
-			r.reset()
+		if r != nil && r.known {
+			r.reset() // (an unknown set stays unknown: the resync that follows settles it)
 		}
 	}
 	return viewSend
@@ -606,10 +610,12 @@ func (n *Node) openView(ctx context.Context, topic string, req viewRequest) (v *
 	return v, "", ""
 }
 
-// newRows is the row set of a member that holds nothing of v yet.
-func (n *Node) newRows() *rowSet {
+// newRows is the row set of a member of v that holds nothing yet: none is
+// kept for a table whose changes carry their old rows, or with
+// MaxFilterRows negative.
+func (n *Node) newRows(v *view) *rowSet {
 	r := newRowSet(n.cfg.MaxFilterRows, &n.rowBudget)
-	if n.cfg.MaxFilterRows < 0 {
+	if n.cfg.MaxFilterRows < 0 || v.oldRows {
 		r.forget()
 	}
 	return r
