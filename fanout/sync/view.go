@@ -234,6 +234,28 @@ func parseChange(env []byte) (*parsedChange, error) {
 	return p, nil
 }
 
+// oldKey is the key the row had before the change: an update's before cut
+// to keyCols when it carries them all (a key change, or REPLICA IDENTITY
+// FULL), else the change's key.
+func (p *parsedChange) oldKey(keyCols []string) string {
+	if p.im.Op != decoder.OpUpdate || p.im.Before == nil {
+		return p.newKey
+	}
+	k := make(map[string]json.RawMessage, len(keyCols))
+	for _, name := range keyCols {
+		if val, ok := p.im.Before[name]; ok {
+			k[name] = val
+		}
+	}
+	if len(k) != len(keyCols) {
+		return p.newKey
+	}
+	if old, err := canonicalKey(k); err == nil {
+		return old
+	}
+	return p.newKey
+}
+
 // rowOp: the change is about one row (not a truncate or the rest).
 func (p *parsedChange) rowOp() bool {
 	switch p.im.Op {
@@ -269,24 +291,10 @@ func (v *view) judgeParsed(p *parsedChange) (*viewChange, error) {
 	if !p.rowOp() {
 		return c, nil // truncate and the rest: not about one row
 	}
-	c.newKey, c.oldKey = p.newKey, p.newKey
+	c.newKey, c.oldKey = p.newKey, p.oldKey(v.keyCols)
 	oldImage, oldNull := im.Key, []string(nil)
 	if im.Before != nil {
 		oldImage, oldNull = im.Before, im.BeforeJSONNull
-		if im.Op == decoder.OpUpdate {
-			k := make(map[string]json.RawMessage, len(v.keyCols))
-			for _, name := range v.keyCols {
-				if val, ok := im.Before[name]; ok {
-					k[name] = val
-				}
-			}
-			if len(k) == len(v.keyCols) {
-				var err error
-				if c.oldKey, err = canonicalKey(k); err != nil {
-					return nil, err
-				}
-			}
-		}
 	}
 	if im.Op == decoder.OpUpdate || im.Op == decoder.OpDelete {
 		c.old = filter.Matches // every row is in a view without a filter
@@ -753,23 +761,12 @@ func (m *member) viewPageLocked(p readPage, carry *viewCarry, epoch int64) (read
 // viewRow is a snapshot row as v shows it (nil: not in the view), recorded
 // in held. A row the filter cannot judge (a value not in its type's form)
 // fails the snapshot: it can be neither sent nor left out exactly.
-func viewRow(v *view, held *rowSet, body []byte, st *syncStats) ([]byte, error) {
-	vc, err := v.judge(body)
-	if err != nil {
-		return nil, fmt.Errorf("snapshot row: %w", err)
+func viewRow(v *view, held *rowSet, p *parsedChange, st *syncStats) ([]byte, error) {
+	body, err := viewSnapshotChange(v, held, p, st)
+	if err == nil && body != nil && len(body) == 0 {
+		err = refused("a row of the table holds a value the filter cannot compare; subscribe with a filter that does not test that column")
 	}
-	action, payload := vc.decide(held, true)
-	st.countView(action)
-	switch action {
-	case viewSkip:
-		return nil, nil
-	case viewResync:
-		if vc.missing != "" {
-			return nil, refusedMissingColumn(vc.missing)
-		}
-		return nil, refused("a row of the table holds a value the filter cannot compare (key %s); subscribe with a filter that does not test that column", vc.newKey)
-	}
-	return payload, nil
+	return body, err
 }
 
 // refusedMissingColumn refuses a snapshot whose filter reads a column the
@@ -778,14 +775,18 @@ func refusedMissingColumn(col string) error {
 	return refused("the table's rows no longer have column %q, which the filter reads (the table changed after the subscription checked its filter); subscribe again with a filter on the table's published columns", col)
 }
 
-// viewSnapshotChange is a change after a snapshot's rows as v shows it to
-// the snapshot's client, whose rows held records: nil when the client gets
-// nothing of it, empty when the view cannot judge it (the snapshot is read
-// again), an error when it never will (the table lost a column the filter
-// reads).
-func viewSnapshotChange(v *view, held *rowSet, env []byte, st *syncStats) ([]byte, error) {
-	vc, err := v.judge(env)
-	if err != nil {
+// viewSnapshotChange is a snapshot's row, or a change after its rows, as v
+// shows it to the snapshot's client, whose rows held records (p from
+// snapshotFills.fill; nil when it could not be read): nil when the client
+// gets nothing of it, empty when the view cannot judge it (the snapshot is
+// read again), an error when it never will (the table lost a column the
+// filter reads).
+func viewSnapshotChange(v *view, held *rowSet, p *parsedChange, st *syncStats) ([]byte, error) {
+	var vc *viewChange
+	if p != nil {
+		vc, _ = v.judgeParsed(p)
+	}
+	if vc == nil {
 		st.countView(viewResync)
 		return []byte{}, nil
 	}
@@ -868,66 +869,53 @@ func (f *snapshotFills) forgetKey(key string) {
 	delete(f.rows, key)
 }
 
-// fill returns env with its unchanged columns filled from what f kept of
-// the row (the update's old key), and records its values. env is returned
-// as it is when it has no unchanged column or f lacks one of them.
-func (f *snapshotFills) fill(env []byte) []byte {
-	var im envelopeImages
-	if json.Unmarshal(env, &im) != nil {
-		return env
-	}
-	newKey, err := canonicalKey(im.Key)
+// fill reads env, fills its unchanged columns from what f kept of the row
+// (the update's old key), records its values, and returns it decoded, as
+// every view judges it (nil when it cannot be read). The envelope is
+// rewritten only when a value was filled.
+func (f *snapshotFills) fill(env []byte) *parsedChange {
+	p, err := parseChange(env)
 	if err != nil {
-		return env
+		return nil
 	}
-	oldKey := newKey
-	if im.Op == decoder.OpUpdate && im.Before != nil {
-		k := map[string]json.RawMessage{}
-		for _, name := range f.v.keyCols {
-			if val, ok := im.Before[name]; ok {
-				k[name] = val
-			}
-		}
-		if ok, _ := canonicalKey(k); ok != "" {
-			oldKey = ok
-		}
+	if !p.rowOp() {
+		return p
 	}
-	out := env
+	im := &p.im
+	oldKey := p.oldKey(f.v.keyCols)
 	if len(im.Unchanged) > 0 && im.After != nil {
 		known := f.rows[oldKey]
+		after := maps.Clone(im.After)
 		var still []string
 		for _, u := range im.Unchanged {
 			if val, ok := known[u]; ok {
-				im.After[u] = val
+				after[u] = val
 			} else {
 				still = append(still, u)
 			}
 		}
 		if len(still) < len(im.Unchanged) {
-			var top map[string]json.RawMessage
-			if json.Unmarshal(env, &top) == nil {
-				after, err1 := json.Marshal(im.After)
-				top["after"] = after
-				if len(still) == 0 {
-					delete(top, "unchanged")
-				} else {
+			if top, err := p.fields(); err == nil {
+				a, err1 := json.Marshal(after)
+				top["after"] = a
+				delete(top, "unchanged")
+				if len(still) > 0 {
 					top["unchanged"], _ = json.Marshal(still)
 				}
 				if b, err2 := json.Marshal(top); err1 == nil && err2 == nil {
-					out = b
-					im.Unchanged = still
+					p.raw, p.top, im.After, im.Unchanged = b, nil, after, still
 				}
 			}
 		}
 	}
-	if oldKey != newKey {
+	if oldKey != p.newKey {
 		if kept := f.rows[oldKey]; kept != nil {
 			delete(f.rows, oldKey)
-			f.rows[newKey] = kept
+			f.rows[p.newKey] = kept
 		}
 	}
-	f.note(&im, newKey)
-	return out
+	f.note(im, p.newKey)
+	return p
 }
 
 // maxViewParamBytes bounds a filter or column list given in a URL query;
